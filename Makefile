@@ -1,0 +1,41 @@
+# Two commands matter (README): `make demo` and `make test`. Both set everything up from scratch.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# Re-install when the dependency list changes.
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# DeepSpeed compiles C++ ops on first use; keep them in one cache that tests and CI reuse.
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
+
+.PHONY: install demo test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch is pinned in the same command (STACK-NOTES): an unpinned torch pulls a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0 -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m nbtrain.demo
+
+lint: install
+	$(PY) -m ruff check nbtrain tests bench
+	$(PY) -m ruff format --check nbtrain tests bench
+
+typecheck: install
+	$(PY) -m mypy
+
+pytest: install
+	$(PY) -m pytest -q -ra
+
+test: lint typecheck pytest
+
+bench: install
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache

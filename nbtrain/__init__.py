@@ -1,0 +1,54 @@
+"""nbtrain: fine-tune LLMs from a notebook.
+
+    %load_ext nbtrain          # then a %%finetune cell with a YAML body
+    import nbtrain; run = nbtrain.finetune("config.yaml"); run.wait()
+
+Importing nbtrain (and loading the extension) imports no torch, transformers or bitsandbytes: training
+happens in separate processes that read and write a run directory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+from nbtrain.api import (
+    Prepared,
+    example_data,
+    finetune,
+    last_run,
+    make_tiny_model,
+    prepare,
+    runs,
+    start,
+)
+from nbtrain.errors import ConfigError, NbtrainError, RunFailed, RunNotFound
+from nbtrain.runs import Run, RunStatus, get_run
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from nbtrain.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+__all__ = [
+    "ConfigError",
+    "NbtrainError",
+    "Prepared",
+    "Run",
+    "RunFailed",
+    "RunNotFound",
+    "RunStatus",
+    "__version__",
+    "example_data",
+    "finetune",
+    "get_run",
+    "last_run",
+    "load_ipython_extension",
+    "make_tiny_model",
+    "prepare",
+    "runs",
+    "start",
+]

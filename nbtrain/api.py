@@ -1,0 +1,169 @@
+"""The control core: every surface (magics, CLI, widgets, server) calls these functions.
+
+prepare(config)   validate + plan, no side effects        -> Prepared  (what --dry-run shows)
+start(prepared)   run directory + registry + detached worker -> Run
+finetune(config)  both
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from nbtrain import __version__, registry
+from nbtrain.config import Resolved, load_config
+from nbtrain.errors import NbtrainError
+from nbtrain.hardware import Hardware, probe
+from nbtrain.launch import LaunchFailed, spawn_worker, worker_env
+from nbtrain.plan import Plan, make_plan, train_args
+from nbtrain.rundir import write_status
+from nbtrain.runs import Run, all_runs, create_run_dir, get_run
+
+_LAST: list[Run] = []
+
+
+@dataclass
+class Prepared:
+    """A validated, planned run that has not started: what ``--dry-run`` prints."""
+
+    resolved: Resolved
+    plan: Plan
+    hardware: Hardware
+    train_args: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        cfg = self.resolved.config
+        return cfg.name or f"{Path(cfg.model).name}-{cfg.method}"
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.resolved
+        return {
+            "nbtrain_version": __version__,
+            "name": self.name,
+            "config": r.config.model_dump(mode="json"),
+            "model_kind": r.model_kind,
+            "data": {"train": asdict(r.train_data), "eval": asdict(r.eval_data) if r.eval_data else None},
+            "train_args": self.train_args,
+            "plan": self.plan.to_dict(),
+            "hardware": self.hardware.to_dict(),
+            "estimate": None,
+            "notes": r.notes,
+        }
+
+    def summary(self) -> str:
+        cfg = self.resolved.config
+        lines = [
+            f"nbtrain dry run: {self.name} (nothing started)",
+            f"  model:     {cfg.model} ({self.resolved.model_kind})",
+            f"  method:    {cfg.method}",
+            f"  data:      {self.resolved.train_data.location} "
+            f"[{self.resolved.train_data.kind}, {self.resolved.train_data.format}]",
+            f"  plan:      {self.plan.num_processes} x {self.plan.device}, {self.plan.precision}, "
+            f"launcher {self.plan.launcher}",
+        ]
+        lines += [f"    - {r}" for r in self.plan.reasons]
+        lines += [f"  warning:   {w}" for w in self.plan.warnings]
+        lines.append("  resolved config:")
+        lines += ["    " + ln for ln in json.dumps(self.to_dict()["config"], indent=2).splitlines()]
+        lines.append("  train args (SFTConfig):")
+        lines += [f"    {k}: {v!r}" for k, v in sorted(self.train_args.items())]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(self.summary())}</pre>"
+
+
+def prepare(
+    config: str | Path | dict[str, Any], *, name: str | None = None, hardware: Hardware | None = None
+) -> Prepared:
+    """Validate ``config`` (YAML text, a dict, or a .yaml path) and plan it. Raises ConfigError."""
+    res = load_config(config, name=name)
+    hw = hardware or probe()
+    plan = make_plan(res, hw)
+    return Prepared(res, plan, hw, train_args(res, plan))
+
+
+def start(prep: Prepared) -> Run:
+    """Create the run directory, register it and start the detached worker."""
+    run = create_run_dir(prep.name, prep.resolved.text, prep.to_dict())
+    result = spawn_worker(run.paths, worker_env(prep.plan.gpus))
+    if isinstance(result, LaunchFailed):
+        write_status(run.paths, "failed", error={"type": "launch", "message": result.reason})
+        registry.update(run.id, state="failed")
+        raise NbtrainError(f"run {run.id} could not start: {result.reason}")
+    registry.update(run.id, state="starting", pid=result.pid)
+    _LAST.append(run)
+    return run
+
+
+def finetune(config: str | Path | dict[str, Any], name: str | None = None) -> Run:
+    """Validate, plan and start a fine-tuning run in the background; returns its handle at once."""
+    return start(prepare(config, name=name))
+
+
+def runs() -> list[Run]:
+    """All known runs, oldest first."""
+    return all_runs()
+
+
+def last_run() -> Run:
+    """The run this process started most recently."""
+    if not _LAST:
+        raise NbtrainError("no run was started from this process yet")
+    return _LAST[-1]
+
+
+def make_tiny_model(path: str | Path = "tiny-llama") -> Path:
+    """Build the tiny local model (see nbtrain.testing) in a subprocess, keeping torch out of the kernel."""
+    out = Path(path).expanduser().resolve()
+    if (out / "config.json").exists():
+        return out
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbtrain.testing", "model", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        raise NbtrainError(f"building the tiny model failed:\n{proc.stderr[-3000:]}")
+    return out
+
+
+def example_data(path: str | Path = "data/add.jsonl", fmt: str = "messages", n: int = 400) -> Path:
+    """Write the addition dataset (the demo's data) in one of the supported formats."""
+    import shutil
+    from importlib import resources
+
+    from nbtrain.testing import write_dataset
+
+    out = Path(path)
+    if (fmt, n) == ("messages", 400):  # the dataset shipped in the package
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with resources.as_file(resources.files("nbtrain").joinpath("assets/add.jsonl")) as src:
+            shutil.copyfile(src, out)
+        return out.resolve()
+    return write_dataset(out, fmt, n).resolve()
+
+
+__all__ = [
+    "Prepared",
+    "Run",
+    "example_data",
+    "finetune",
+    "get_run",
+    "last_run",
+    "make_tiny_model",
+    "prepare",
+    "runs",
+    "start",
+]

@@ -1,0 +1,418 @@
+"""Run config: YAML (or a dict) -> validated, typed ``RunConfig``; every problem collected into one error.
+
+Validation is in two passes: the schema (pydantic, strict types, unknown keys rejected) and the checks
+that look at the world (model path, data files, TRL key names, bitsandbytes). Problems from both are
+reported together with the key path as written, its YAML line, allowed values and a close match.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from nbtrain import trainargs
+from nbtrain.datacheck import DataProblem, DataSource, inspect_data
+from nbtrain.errors import ConfigError, Problem
+from nbtrain.formats import FORMATS
+
+METHODS = ("full", "lora", "qlora")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class LoraSettings(_Strict):
+    r: int = Field(8, gt=0, le=4096)
+    alpha: float = Field(16, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: str | list[str] = "auto"
+    bias: Literal["none", "all", "lora_only"] = "none"
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _targets_ok(cls, v: Any) -> Any:
+        ok = v in ("auto", "all-linear") or (
+            isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)
+        )
+        if not ok:
+            raise ValueError(
+                "target_modules is 'auto' (the model's usual attention projections), "
+                "'all-linear', or a list of module names such as [q_proj, v_proj]"
+            )
+        return v
+
+
+class QuantSettings(_Strict):
+    bits: Literal[4, 8] = 4
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+
+
+class DataSettings(_Strict):
+    train: str = Field(min_length=1)
+    format: Literal["auto", "messages", "alpaca", "sharegpt", "text"] = "auto"
+    eval_split: float | None = Field(None, gt=0, lt=1)
+    eval: str | None = None
+    max_samples: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_eval_source(self) -> DataSettings:
+        if self.eval is not None and self.eval_split is not None:
+            raise ValueError("give either eval (a path) or eval_split (a fraction), not both")
+        return self
+
+
+class RunConfig(_Strict):
+    model: str = Field(min_length=1)
+    method: Literal["full", "lora", "qlora"] = "lora"
+    data: DataSettings
+    train: dict[str, Any] = Field(default_factory=dict)
+    lora: LoraSettings | None = None
+    quantization: QuantSettings | None = None
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    trust_remote_code: bool = False
+    name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str | None) -> str | None:
+        if v is not None and not NAME_RE.match(v):
+            raise ValueError(
+                "a run name is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            )
+        return v
+
+
+@dataclass
+class Resolved:
+    """A validated config plus what validation learned about the world (paths made absolute)."""
+
+    config: RunConfig
+    text: str  # the config as the user wrote it (YAML)
+    model_kind: str  # "local" | "hub"
+    train_data: DataSource
+    eval_data: DataSource | None
+    notes: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------- YAML lines
+
+
+def _line_map(text: str) -> dict[tuple[str, ...], int]:
+    """Map each key path in a YAML document to the 1-based line of its key."""
+    out: dict[tuple[str, ...], int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return out
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                p = (*path, str(k.value))
+                out[p] = k.start_mark.line + 1
+                walk(v, p)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                p = (*path, str(i))
+                out[p] = v.start_mark.line + 1
+                walk(v, p)
+
+    if root is not None:
+        walk(root, ())
+    return out
+
+
+class _Problems:
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+        self.map = _line_map(text) if text else {}
+        self.items: list[Problem] = []
+
+    def add(self, path: tuple[str | int, ...], message: str) -> None:
+        p = tuple(str(x) for x in path)
+        line = None
+        while p and line is None:
+            line = self.map.get(p)
+            if line is None:
+                p = p[:-1]
+        src = self.lines[line - 1] if line and line <= len(self.lines) else None
+        self.items.append(Problem(".".join(str(x) for x in path), message, line, src))
+
+
+# ------------------------------------------------------------------------------------- schema errors
+
+
+def _fields_of(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the sub-model at ``loc`` (for did-you-mean on unknown keys)."""
+    cur: type[BaseModel] = model
+    for part in loc:
+        f = cur.model_fields.get(str(part))
+        if f is None:
+            return []
+        ann = f.annotation
+        sub = [
+            a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
+        if not sub:
+            return []
+        cur = sub[0]
+    return list(cur.model_fields)
+
+
+def _clean_loc(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:
+    """Drop pydantic's union-branch tags from an error location, keeping the keys the user wrote."""
+    out: list[Any] = []
+    cur = raw
+    for part in loc:
+        if (isinstance(cur, dict) and part in cur) or (
+            isinstance(cur, list) and isinstance(part, int) and part < len(cur)
+        ):
+            cur = cur[part]
+        elif isinstance(cur, dict) or len(out) == len(loc) - 1:
+            # A missing key (or the last element) is still a real location.
+            if not (isinstance(part, str) and ("[" in part or "(" in part)):
+                out.append(part)
+            cur = None
+            continue
+        else:
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def _schema_problems(err: ValidationError, raw: Any, probs: _Problems) -> None:
+    seen: set[tuple[Any, ...]] = set()
+    for e in err.errors():
+        loc = _clean_loc(tuple(e["loc"]), raw)
+        # A union reports once per branch; keep the first message for each location.
+        if loc in seen:
+            continue
+        seen.add(loc)
+        kind = e["type"]
+        value = e.get("input")
+        if kind == "extra_forbidden":
+            key = str(loc[-1])
+            close = difflib.get_close_matches(key, _fields_of(RunConfig, loc[:-1]), n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else "."
+            allowed = _fields_of(RunConfig, loc[:-1])
+            probs.add(loc, f"unknown key '{key}'{hint} Allowed here: {', '.join(allowed)}")
+        elif kind == "missing":
+            probs.add(loc, "required key is missing")
+        elif kind == "literal_error":
+            expected = e.get("ctx", {}).get("expected", "")
+            close = difflib.get_close_matches(str(value), re.findall(r"'([^']*)'", str(expected)), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else "."
+            probs.add(loc, f"{value!r} is not allowed{hint} Choose one of {expected}")
+        elif kind.endswith("_type") or kind in {"model_type", "dict_type"}:
+            probs.add(loc, f"{value!r} has the wrong type: {e['msg'].lower()}")
+        else:
+            msg = e["msg"]
+            msg = msg.removeprefix("Value error, ")
+            probs.add(loc, f"{msg} (got {value!r})" if not isinstance(value, dict) else msg)
+
+
+# ------------------------------------------------------------------------------------ world checks
+
+
+@lru_cache(maxsize=4)
+def bitsandbytes_problem(sys_path: tuple[str, ...]) -> str | None:
+    """Why bitsandbytes cannot load here, or None. Checked in a subprocess: the kernel never imports it."""
+    del sys_path  # part of the cache key only
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return "bitsandbytes is not installed; install it (`pip install bitsandbytes`) or use method: lora"
+    probe = subprocess.run(
+        [sys.executable, "-c", "import bitsandbytes, torch; print(bitsandbytes.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return (
+            f"bitsandbytes is installed but cannot load: {last}. Fix the install "
+            f"(`pip install -U bitsandbytes`) or use method: lora"
+        )
+    return None
+
+
+def _check_model(spec: str, base: Path, probs: _Problems) -> str:
+    path = Path(spec).expanduser()
+    if not path.is_absolute():
+        path = (base / path).resolve()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            probs.add(
+                ("model",),
+                f"{path} is not a model directory (no config.json); point model: at "
+                f"a directory saved with save_pretrained(), or give a hub id",
+            )
+        return "local"
+    looks_like_path = spec.startswith((".", "/", "~")) or "\\" in spec or spec.count("/") > 1
+    if path.exists():
+        probs.add(
+            ("model",), f"{path} is a file; model: takes a directory saved with save_pretrained() or a hub id"
+        )
+    elif looks_like_path or not _HUB_MODEL.match(spec):
+        try:
+            names = [p.name for p in path.parent.iterdir() if p.is_dir()]
+        except OSError:
+            names = []
+        close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+        hint = f"; did you mean '{path.parent / close[0]}'?" if close else ""
+        probs.add(("model",), f"model path not found: {path}{hint}")
+    return "hub"
+
+
+def _check_train(train: dict[str, Any], precision: Any, probs: _Problems) -> None:
+    for key, value in train.items():
+        key = str(key)
+        if key in ("bf16", "fp16"):
+            if not isinstance(value, bool):
+                probs.add(("train", key), f"{value!r} is not valid for {key}: expected true/false")
+            elif value and precision not in ("auto", key):
+                probs.add(("train", key), f"conflicts with precision: {precision}; set only precision: {key}")
+            continue
+        msg = trainargs.check_key(key)
+        if msg is None:
+            msg = trainargs.check_value(key, value)
+        if msg:
+            probs.add(("train", key), msg)
+
+
+def _method_sections(cfg: RunConfig, probs: _Problems) -> None:
+    has_eval = cfg.data.eval is not None or cfg.data.eval_split is not None
+    if cfg.train.get("eval_strategy", "no") != "no" and not has_eval:
+        probs.add(
+            ("train", "eval_strategy"),
+            "evaluation needs eval data: add data: eval_split: 0.1 or data: eval: PATH",
+        )
+    if cfg.method == "full" and cfg.lora is not None:
+        probs.add(
+            ("lora",),
+            "method: full trains every weight and takes no lora: section; remove it, or use method: lora",
+        )
+    if cfg.method != "qlora" and cfg.quantization is not None:
+        probs.add(("quantization",), f"quantization: applies to method: qlora only (method is {cfg.method})")
+
+
+# ------------------------------------------------------------------------------------------- entry
+
+
+def parse_source(source: str | Path | dict[str, Any]) -> tuple[dict[str, Any] | Any, str, Path]:
+    """Return (raw object, YAML text, base dir for relative paths). Raises ConfigError on bad YAML."""
+    base = Path.cwd()
+    if isinstance(source, dict):
+        return source, yaml.safe_dump(source, sort_keys=False), base
+    if isinstance(source, Path) or (
+        isinstance(source, str) and "\n" not in source and source.strip().endswith((".yaml", ".yml"))
+    ):
+        p = Path(source).expanduser()
+        if not p.is_file():
+            raise ConfigError([Problem("", f"config file not found: {p.resolve()}")])
+        text = p.read_text(encoding="utf-8")
+    else:
+        text = str(source)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else None
+        lines = text.splitlines()
+        src = lines[line - 1] if line and line <= len(lines) else None
+        raise ConfigError(
+            [
+                Problem(
+                    "",
+                    f"YAML syntax error: {e.problem or e}{' ' + e.context if e.context else ''}",
+                    line,
+                    src,
+                )
+            ]
+        ) from None
+    except yaml.YAMLError as e:
+        raise ConfigError([Problem("", f"YAML error: {e}")]) from None
+    return raw, text, base
+
+
+def load_config(source: str | Path | dict[str, Any], *, name: str | None = None) -> Resolved:
+    """Validate a config and everything it points at; raise ConfigError listing every problem."""
+    raw, text, base = parse_source(source)
+    probs = _Problems(text)
+    if raw is None:
+        raise ConfigError([Problem("", "the config is empty; it needs at least model: and data: train:")])
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            [
+                Problem(
+                    "", f"the config must be a mapping of keys (model:, data:, ...), got {type(raw).__name__}"
+                )
+            ]
+        )
+    if name is not None:
+        raw = {**raw, "name": name}
+    cfg: RunConfig | None = None
+    try:
+        cfg = RunConfig.model_validate(raw)
+    except ValidationError as e:
+        _schema_problems(e, raw, probs)
+
+    # The checks below look at the world. They run on whatever parts parsed, so one pass reports
+    # every problem it can, not only the schema's.
+    model = raw.get("model")
+    model_kind = _check_model(model, base, probs) if isinstance(model, str) and model else "local"
+    train = raw.get("train")
+    if isinstance(train, dict):
+        _check_train(train, raw.get("precision", "auto"), probs)
+    if cfg is not None:
+        _method_sections(cfg, probs)
+    data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
+    fmt = data.get("format", "auto")
+    fmt = fmt if fmt in ("auto", *FORMATS) else "auto"
+    sources: dict[str, DataSource] = {}
+    for key in ("train", "eval"):
+        if isinstance(data.get(key), str) and data[key]:
+            try:
+                sources[key] = inspect_data(data[key], fmt, base)
+            except DataProblem as e:
+                probs.add(("data", key), str(e))
+    if raw.get("method") == "qlora":
+        why = bitsandbytes_problem(tuple(sys.path))
+        if why:
+            probs.add(("method",), f"method: qlora needs bitsandbytes: {why}")
+    if probs.items or cfg is None:
+        raise ConfigError(sorted(probs.items, key=lambda p: (p.line or 0, p.path)))
+    train_src, eval_src = sources["train"], sources.get("eval")
+
+    # Fill defaults that depend on the method, and make paths absolute for the worker.
+    updates: dict[str, Any] = {}
+    if cfg.method in ("lora", "qlora") and cfg.lora is None:
+        updates["lora"] = LoraSettings.model_validate({})
+    if cfg.method == "qlora" and cfg.quantization is None:
+        updates["quantization"] = QuantSettings.model_validate({})
+    if model_kind == "local":
+        updates["model"] = str((base / Path(cfg.model).expanduser()).resolve())
+    data_updates: dict[str, Any] = {"train": train_src.location}
+    if eval_src is not None:
+        data_updates["eval"] = eval_src.location
+    updates["data"] = cfg.data.model_copy(update=data_updates)
+    cfg = cfg.model_copy(update=updates)
+    notes = [
+        f"data: {train_src.kind} file, format {train_src.format}"
+        + (" (detected)" if cfg.data.format == "auto" and train_src.kind != "hub" else "")
+    ]
+    return Resolved(cfg, text, model_kind, train_src, eval_src, notes)

@@ -1,0 +1,160 @@
+"""Kernel-side look at training data before anything starts: does it exist, is it empty, what format.
+
+Reads only a sample of rows (no ``datasets`` import) so a cell answers quickly even for large files;
+the worker checks every row again when it converts them.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nbtrain.formats import check_rows
+
+SAMPLE_ROWS = 1000
+FILE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    spec: str  # as written
+    location: str  # absolute path, or the hub id
+    kind: str  # jsonl | json | csv | parquet | disk | hub
+    format: str  # detected or given; "auto" when it could not be looked at (hub)
+    sample_rows: int  # rows looked at
+
+
+class DataProblem(ValueError):
+    pass
+
+
+def _close_files(path: Path) -> str:
+    try:
+        names = [p.name for p in path.parent.iterdir()]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f"; did you mean '{path.parent / close[0]}'?" if close else ""
+
+
+def _rows_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    with open(path, encoding="utf-8") as f:
+        n = 0
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            n += 1
+            if n > SAMPLE_ROWS:
+                return
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataProblem(
+                    f"line {lineno} of {path.name} is not valid JSON ({e.msg}): {line.strip()[:200]}"
+                ) from None
+
+
+def _rows_json(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataProblem(
+            f"{path.name} is not valid JSON ({e.msg} at line {e.lineno}); for one "
+            f"object per line name the file .jsonl"
+        ) from None
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(lists) != 1:
+            raise DataProblem(
+                f"{path.name} holds a JSON object; expected a list of rows "
+                f"(or an object with exactly one list in it)"
+            )
+        data = lists[0]
+    if not isinstance(data, list):
+        raise DataProblem(f"{path.name} must hold a JSON list of rows, got {type(data).__name__}")
+    for i, row in enumerate(data[:SAMPLE_ROWS]):
+        yield i + 1, row
+
+
+def _rows_csv(path: Path) -> Iterator[tuple[int, Any]]:
+    with open(path, encoding="utf-8", newline="") as f:
+        for i, row in enumerate(csv.DictReader(f)):
+            if i >= SAMPLE_ROWS:
+                return
+            yield i + 2, dict(row)  # +2: the header is line 1
+
+
+def _rows_arrow_table(table: Any) -> Iterator[tuple[int, Any]]:
+    for i, row in enumerate(table.slice(0, SAMPLE_ROWS).to_pylist()):
+        yield i + 1, row
+
+
+def _rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    if pf.metadata.num_rows == 0:
+        return
+    yield from _rows_arrow_table(pf.read_row_group(0))
+
+
+def _rows_disk(path: Path) -> Iterator[tuple[int, Any]]:
+    """A ``datasets.save_to_disk`` directory: read its first Arrow shard with pyarrow."""
+    import pyarrow as pa
+
+    d = path / "train" if (path / "dataset_dict.json").exists() else path
+    shards = sorted(d.glob("*.arrow"))
+    if not (d / "state.json").exists() or not shards:
+        raise DataProblem(
+            f"{path} is a directory but not a datasets.save_to_disk() dataset (no state.json / .arrow files)"
+        )
+    with pa.memory_map(str(shards[0])) as src:
+        table = pa.ipc.open_stream(src).read_all()
+    yield from _rows_arrow_table(table)
+
+
+_READERS = {
+    "jsonl": _rows_jsonl,
+    "json": _rows_json,
+    "csv": _rows_csv,
+    "parquet": _rows_parquet,
+    "disk": _rows_disk,
+}
+
+
+def inspect_data(spec: str, fmt: str, base: Path) -> DataSource:
+    """Find ``spec`` (a path or a hub id), read a sample and check its format; raise DataProblem."""
+    path = Path(spec).expanduser()
+    if not path.is_absolute():
+        path = (base / path).resolve()
+    if not path.exists():
+        if _HUB_ID.match(spec) and Path(spec).suffix.lower() not in FILE_KINDS:
+            return DataSource(spec, spec, "hub", fmt, 0)
+        raise DataProblem(f"data file not found: {path}{_close_files(path)}")
+    if path.is_dir():
+        kind = "disk"
+    else:
+        found = FILE_KINDS.get(path.suffix.lower())
+        if found is None:
+            raise DataProblem(
+                f"cannot read {path.name}: use .jsonl, .json, .csv or .parquet, a "
+                f"datasets.save_to_disk() directory, or a hub id"
+            )
+        kind = found
+        if path.stat().st_size == 0:
+            raise DataProblem(f"data file is empty: {path}")
+    rows = list(_READERS[kind](path))
+    if not rows:
+        raise DataProblem(f"data file has no rows: {path}")
+    resolved, problem = check_rows(rows, fmt)
+    if problem:
+        raise DataProblem(f"{path.name}: {problem}")
+    return DataSource(spec, str(path), kind, resolved, len(rows))

@@ -1,0 +1,175 @@
+"""IPython magics: ``%%finetune`` (a YAML cell) and ``%finetune VERB ...`` (line verbs).
+
+A thin shim over nbtrain.api: parse arguments, call the core, display. Errors are raised as
+``UsageError`` (shown without a traceback, and they stop Run All), never printed and swallowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser
+
+from nbtrain import api
+from nbtrain.errors import NbtrainError
+from nbtrain.runs import Run, get_run
+from nbtrain.ui.live import LiveView
+from nbtrain.ui.text import runs_table, status_text
+
+_VIEWS: list[LiveView] = []  # live views of this kernel, closed when the extension unloads
+
+
+def _parser(prog: str, description: str) -> MagicArgumentParser:
+    return MagicArgumentParser(prog=prog, description=description, add_help=False)
+
+
+def _cell_parser() -> MagicArgumentParser:
+    p = _parser("%%finetune", "Validate, plan and start a fine-tuning run from the YAML body of the cell.")
+    p.add_argument("--name", help="run name (letters, digits, '.', '_' or '-')")
+    p.add_argument("--dry-run", action="store_true", help="validate and plan only; start nothing")
+    p.add_argument(
+        "--wait", action="store_true", help="block until the run ends (fails the cell if it fails)"
+    )
+    p.add_argument("--no-view", action="store_true", help="do not show the live view")
+    return p
+
+
+def _run_arg(p: MagicArgumentParser) -> MagicArgumentParser:
+    p.add_argument("run", help="run id, unique id prefix, name, or run directory")
+    return p
+
+
+class Verb:
+    def __init__(self, parser: MagicArgumentParser, handler: Callable[[Any], Any]) -> None:
+        self.parser = parser
+        self.handler = handler
+
+
+def _verb_list(args: Any) -> Any:
+    return runs_table(api.runs())
+
+
+def _verb_status(args: Any) -> None:
+    print(status_text(get_run(args.run)))
+
+
+def _verb_logs(args: Any) -> None:
+    print(get_run(args.run).logs(args.n))
+
+
+def _verb_stop(args: Any) -> None:
+    run = get_run(args.run)
+    st = run.stop(timeout=args.timeout)
+    print(f"run {run.id}: {st.describe()}")
+
+
+def _show(run: Run) -> LiveView:
+    view = LiveView(run)
+    view.show()
+    _VIEWS.append(view)
+    return view
+
+
+def _verb_attach(args: Any) -> None:
+    _show(get_run(args.run))
+
+
+def _verb_wait(args: Any) -> None:
+    _wait(get_run(args.run), args.timeout)
+
+
+def _wait(run: Run, timeout: float | None) -> None:
+    view = LiveView(run)
+    st = view.follow(timeout)
+    if st.state == "failed":
+        raise UsageError(run.failure_report(st))
+
+
+def _verbs() -> dict[str, Verb]:
+    v: dict[str, Verb] = {}
+    v["list"] = Verb(_parser("%finetune list", "List runs (a DataFrame)."), _verb_list)
+    v["status"] = Verb(
+        _run_arg(_parser("%finetune status", "A run's state, and its error if it failed.")), _verb_status
+    )
+    p = _run_arg(_parser("%finetune logs", "The last lines of a run's log."))
+    p.add_argument("-n", type=int, default=40, help="number of lines (default 40)")
+    v["logs"] = Verb(p, _verb_logs)
+    p = _run_arg(_parser("%finetune stop", "Stop a run after its current step (it saves a checkpoint)."))
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before the process group is killed")
+    v["stop"] = Verb(p, _verb_stop)
+    v["attach"] = Verb(
+        _run_arg(_parser("%finetune attach", "Show a run's live view (any kernel).")), _verb_attach
+    )
+    p = _run_arg(_parser("%finetune wait", "Block until a run ends; fail the cell if it failed."))
+    p.add_argument("--timeout", type=float, default=None)
+    v["wait"] = Verb(p, _verb_wait)
+    return v
+
+
+VERBS = _verbs()
+
+
+def _usage() -> str:
+    lines = [
+        "%%finetune [--name NAME] [--dry-run] [--wait] [--no-view]   (cell: YAML config)",
+        "%finetune VERB ...   verbs:",
+    ]
+    for verb in VERBS.values():
+        lines.append(
+            f"  {verb.parser.format_usage().strip().removeprefix('usage: ')}  -- {verb.parser.description}"
+        )
+    return "\n".join(lines)
+
+
+@magics_class
+class FinetuneMagics(Magics):
+    @line_cell_magic
+    def finetune(self, line: str, cell: str | None = None) -> Any:
+        try:
+            if cell is None:
+                return self._line(line)
+            return self._cell(line, cell)
+        except NbtrainError as e:
+            raise UsageError(str(e)) from None
+
+    def _line(self, line: str) -> Any:
+        words = shlex.split(line)
+        if not words:
+            raise UsageError(_usage())
+        verb = VERBS.get(words[0])
+        if verb is None:
+            close = difflib.get_close_matches(words[0], list(VERBS), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise UsageError(f"unknown verb '{words[0]}'.{hint} Verbs: {', '.join(VERBS)}.\n{_usage()}")
+        args = verb.parser.parse_args(words[1:])
+        return verb.handler(args)
+
+    def _cell(self, line: str, cell: str) -> Any:
+        args = _cell_parser().parse_args(shlex.split(line))
+        prep = api.prepare(cell, name=args.name)
+        if args.dry_run:
+            return prep
+        run = api.start(prep)
+        if args.wait:
+            _wait(run, None)
+        elif not args.no_view:
+            _show(run)
+        return run
+
+
+FinetuneMagics.finetune.__doc__ = f"Fine-tune from a notebook.\n\n{_usage()}"
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(FinetuneMagics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    for view in _VIEWS:
+        view.close()
+    _VIEWS.clear()

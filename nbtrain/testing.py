@@ -1,0 +1,151 @@
+"""A tiny local model and small datasets, for the demo, the teaching labs on CPU, and the tests.
+
+No model hub is needed: the model is a 2-layer Llama with hidden size 64 and random weights, and its
+tokenizer is a byte-level BPE trained here on the same text the datasets use, with a chat template.
+
+    python -m nbtrain.testing model DIR            # build the tiny model
+    python -m nbtrain.testing data FILE [--format messages|alpaca|sharegpt|text] [-n N]
+
+``make_tiny_model`` and ``write_dataset`` import transformers, so call them from a worker or a test,
+not from a kernel; the kernel-safe wrappers are ``nbtrain.make_tiny_model`` / ``nbtrain.example_data``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}<|assistant|>\n{% generation %}{{ m['content'] }}<|end|>"
+    "{% endgeneration %}\n"
+    "{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<pad>", "<s>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|tool|>"]
+
+
+def addition_items(n: int = 400, seed: int = 0) -> list[tuple[str, str]]:
+    """(question, answer) pairs: small sums written out, a task a tiny model can start to learn."""
+    rng = random.Random(seed)
+    items = []
+    for _ in range(n):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        items.append((f"What is {a} + {b}?", f"{a} + {b} = {a + b}"))
+    return items
+
+
+def dataset_rows(fmt: str = "messages", n: int = 400, seed: int = 0) -> list[dict[str, Any]]:
+    """The addition data in one of the formats nbtrain reads."""
+    rows: list[dict[str, Any]] = []
+    for q, a in addition_items(n, seed):
+        if fmt == "messages":
+            rows.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+        elif fmt == "alpaca":
+            rows.append({"instruction": q, "input": "", "output": a})
+        elif fmt == "sharegpt":
+            rows.append({"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]})
+        elif fmt == "text":
+            rows.append({"text": f"{q} {a}"})
+        else:
+            raise ValueError(f"unknown format {fmt!r}")
+    return rows
+
+
+def write_dataset(path: str | Path, fmt: str = "messages", n: int = 400, seed: int = 0) -> Path:
+    """Write the addition data as JSONL (stdlib only: safe to call from a kernel)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w", encoding="utf-8") as f:
+        for row in dataset_rows(fmt, n, seed):
+            f.write(json.dumps(row) + "\n")
+    return p
+
+
+def _corpus() -> list[str]:
+    lines = []
+    for q, a in addition_items(2000, seed=1):
+        lines.append(f"<|user|>\n{q}<|end|>\n<|assistant|>\n{a}<|end|>\n")
+    words = "the a of to and in is it you that he was for on are with as I his they be at one have this"
+    lines += [words] * 20
+    return lines
+
+
+def make_tiny_model(
+    path: str | Path, *, vocab_size: int = 1000, hidden_size: int = 64, num_layers: int = 2, seed: int = 0
+) -> Path:
+    """Build and save the tiny Llama + tokenizer at ``path``; returns the path."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="<|end|>",
+        unk_token=None,
+        model_max_length=512,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        pad_token_id=fast.pad_token_id,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+    )
+    model = LlamaForCausalLM(cfg)
+    model.generation_config.pad_token_id = fast.pad_token_id
+    model.save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m nbtrain.testing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="what", required=True)
+    m = sub.add_parser("model", help="build the tiny model")
+    m.add_argument("dir")
+    d = sub.add_parser("data", help="write the addition dataset")
+    d.add_argument("file")
+    d.add_argument("--format", default="messages", choices=["messages", "alpaca", "sharegpt", "text"])
+    d.add_argument("-n", type=int, default=400)
+    args = ap.parse_args(argv)
+    if args.what == "model":
+        print(make_tiny_model(args.dir))
+    else:
+        print(write_dataset(args.file, args.format, args.n))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""Validate ``train:`` keys against TRL's SFTConfig without importing TRL in the kernel.
+
+The field list comes from a JSON snapshot shipped with the package (made by
+``nbtrain.worker.introspect`` for the versions nbtrain is tested with). If the installed TRL or
+transformers differ, the snapshot is made again once in a subprocess and cached under NBTRAIN_HOME.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+
+from nbtrain.paths import home_dir
+
+# Keys nbtrain sets itself: say where the setting lives instead.
+MANAGED = {
+    "output_dir": "nbtrain writes checkpoints to <run dir>/checkpoints and the result to <run dir>/output",
+    "logging_dir": "nbtrain keeps logs in <run dir>/logs",
+    "use_cpu": "the plan chooses the device from the hardware it finds",
+    "no_cuda": "the plan chooses the device from the hardware it finds",
+    "local_rank": "the launcher sets the rank",
+    "deepspeed": "DeepSpeed is chosen by `distributed:` (multi-process support), not by train.deepspeed",
+    "resume_from_checkpoint": "resuming is done by nbtrain from the run directory",
+    "overwrite_output_dir": "each run has its own directory",
+}
+
+# Common names from other tools and older TRL/transformers releases.
+RENAMED = {
+    "max_seq_length": "max_length",
+    "max_seq_len": "max_length",
+    "sequence_len": "max_length",
+    "evaluation_strategy": "eval_strategy",
+    "lr": "learning_rate",
+    "epochs": "num_train_epochs",
+    "num_epochs": "num_train_epochs",
+    "batch_size": "per_device_train_batch_size",
+    "micro_batch_size": "per_device_train_batch_size",
+    "train_batch_size": "per_device_train_batch_size",
+    "eval_batch_size": "per_device_eval_batch_size",
+    "gradient_accumulation": "gradient_accumulation_steps",
+    "grad_accum": "gradient_accumulation_steps",
+    "warmup": "warmup_steps",
+    "scheduler": "lr_scheduler_type",
+    "optimizer": "optim",
+}
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    kinds: tuple[str, ...]
+    choices: tuple[str, ...] | None
+    optional: bool
+    default: Any
+    help: str
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        ok = {
+            "bool": isinstance(value, bool),
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "str": isinstance(value, str),
+            "list": isinstance(value, list),
+            "dict": isinstance(value, dict),
+            "any": True,
+        }
+        if not any(ok[k] for k in self.kinds):
+            return False
+        if self.choices and isinstance(value, str) and "str" in self.kinds:
+            return value in self.choices
+        return True
+
+    def expected(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        names = {
+            "bool": "true/false",
+            "int": "an integer",
+            "float": "a number",
+            "str": "a string",
+            "list": "a list",
+            "dict": "a mapping",
+            "any": "any value",
+        }
+        parts = [names[k] for k in self.kinds]
+        if self.optional:
+            parts.append("null")
+        return " or ".join(parts)
+
+
+def _installed_versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("trl", "transformers"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "missing"
+    return out
+
+
+@lru_cache(maxsize=1)
+def sft_fields() -> dict[str, FieldSpec]:
+    snapshot = json.loads(resources.files("nbtrain").joinpath("assets/sft_fields.json").read_text("utf-8"))
+    versions = _installed_versions()
+    data = snapshot
+    if snapshot["versions"] != versions and "missing" not in versions.values():
+        cache = home_dir() / "cache" / f"sft_fields-trl{versions['trl']}-tf{versions['transformers']}.json"
+        if not cache.exists():
+            # A subprocess keeps TRL (and torch) out of the kernel; it runs once per version pair.
+            subprocess.run(
+                [sys.executable, "-m", "nbtrain.worker.introspect", str(cache)],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+        data = json.loads(Path(cache).read_text("utf-8"))
+    return {
+        name: FieldSpec(
+            name,
+            tuple(f["kinds"]),
+            tuple(f["choices"]) if f["choices"] else None,
+            bool(f["optional"]),
+            f["default"],
+            f["help"],
+        )
+        for name, f in data["fields"].items()
+    }
+
+
+def check_key(key: str) -> str | None:
+    """None if ``key`` is a settable SFTConfig name, else the message explaining what to do."""
+    fields = sft_fields()
+    if key in MANAGED:
+        return f"'{key}' is not set here: {MANAGED[key]}"
+    if key in fields:
+        return None
+    if key in RENAMED and RENAMED[key] in fields:
+        return f"unknown key '{key}'; did you mean '{RENAMED[key]}'? (the TRL/transformers name)"
+    close = difflib.get_close_matches(key, list(fields), n=3, cutoff=0.7)
+    msg = f"unknown key '{key}'"
+    if close:
+        msg += f"; did you mean '{close[0]}'?"
+    return msg + f" (train: takes TRL SFTConfig / TrainingArguments names; {len(fields)} are known)"
+
+
+def check_value(key: str, value: Any) -> str | None:
+    spec = sft_fields()[key]
+    if spec.accepts(value):
+        return None
+    return f"{value!r} is not valid for {key}: expected {spec.expected()}"

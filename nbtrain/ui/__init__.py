@@ -1,0 +1,1 @@
+"""Display code for the kernel and the terminal. Imports no torch and nothing from nbtrain.worker."""

@@ -1,0 +1,111 @@
+"""Trainer callback: metrics and resource samples into the run directory, and stop between steps."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import psutil
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from nbtrain.rundir import JsonlWriter, RunPaths, write_status
+from nbtrain.worker.control import StopControl
+
+# Keys renamed to the run-directory contract; everything else numeric is kept as logged.
+_RENAME = {"learning_rate": "lr", "num_input_tokens_seen": "tokens"}
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+
+def memory_sample() -> dict[str, Any]:
+    rec: dict[str, Any] = {"t": time.time(), "rank": rank(), "rss": psutil.Process().memory_info().rss}
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rec["gpu_mem_alloc"] = torch.cuda.memory_allocated()
+        rec["gpu_mem_reserved"] = torch.cuda.memory_reserved()
+        rec["gpu_mem_peak"] = torch.cuda.max_memory_allocated()
+    return rec
+
+
+class RunDirCallback(TrainerCallback):
+    """Writes metrics.jsonl (rank 0), system.jsonl (every rank) and status.json; honours stop requests."""
+
+    def __init__(self, paths: RunPaths, stop: StopControl, *, status_interval: float = 1.0) -> None:
+        self.paths = paths
+        self.stop = stop
+        self.is_rank0 = rank() == 0
+        self.metrics = JsonlWriter(paths.metrics, "metrics") if self.is_rank0 else None
+        self.system = JsonlWriter(paths.system, "system")
+        self._status_interval = status_interval
+        self._last_status = 0.0
+        self._last_t: float | None = None
+        self._last_tokens = 0
+        self.summary: dict[str, Any] = {}
+        self.last_eval_step: int | None = None
+
+    def _status(self, state: str, state_obj: TrainerState, force: bool = False, **extra: Any) -> None:
+        if not self.is_rank0:
+            return
+        now = time.monotonic()
+        if force or now - self._last_status >= self._status_interval:
+            self._last_status = now
+            write_status(
+                self.paths, state, step=state_obj.global_step, max_steps=state_obj.max_steps, **extra
+            )
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._last_t = time.time()
+        self._last_tokens = state.num_input_tokens_seen or 0
+        self._status("running", state, force=True)
+        self.system.write(memory_sample())
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        logs = dict(logs or {})
+        self.system.write(memory_sample())
+        if self.metrics is None:
+            return
+        if "train_loss" in logs:  # the end-of-training summary, not a step
+            self.summary.update({k: v for k, v in logs.items() if isinstance(v, (int, float))})
+            return
+        if "eval_loss" in logs:
+            self.last_eval_step = state.global_step
+        now = time.time()
+        rec: dict[str, Any] = {"t": now, "step": state.global_step, "epoch": state.epoch}
+        for k, v in logs.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                rec[_RENAME.get(k, k)] = v
+        if "loss" in rec and "tokens" in rec and self._last_t is not None:
+            dt = now - self._last_t
+            if dt > 0:
+                rec["tokens_per_s"] = (rec["tokens"] - self._last_tokens) / dt
+            self._last_t, self._last_tokens = now, rec["tokens"]
+        self.metrics.write(rec)
+        self._status("stopping" if self.stop.requested else "running", state)
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.stop.requested and not control.should_training_stop:
+            control.should_training_stop = True
+            control.should_save = True  # a stopped run keeps its progress as a checkpoint
+            self._status("stopping", state, force=True, stop_reason=self.stop.reason)
+        else:
+            self._status("stopping" if self.stop.requested else "running", state)
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        self.system.close()
