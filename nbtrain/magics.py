@@ -6,6 +6,7 @@ A thin shim over nbtrain.api: parse arguments, call the core, display. Errors ar
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import shlex
 from collections.abc import Callable
@@ -25,7 +26,10 @@ _VIEWS: list[LiveView] = []  # live views of this kernel, closed when the extens
 
 
 def _parser(prog: str, description: str) -> MagicArgumentParser:
-    return MagicArgumentParser(prog=prog, description=description, add_help=False)
+    # The plain formatter: IPython's adds reST markup that reads badly in an error message.
+    return MagicArgumentParser(
+        prog=prog, description=description, add_help=False, formatter_class=argparse.HelpFormatter
+    )
 
 
 def _cell_parser() -> MagicArgumentParser:

@@ -202,7 +202,8 @@ class Run:
 
     # ----------------------------------------------------------------------------------- display
     def __repr__(self) -> str:
-        return f"<Run {self.id} {self.status().describe()}>"
+        # No state here: a notebook keeps a repr forever, and a state in it would go stale.
+        return f"<Run {self.name!r} {self.id} — run.status() for its state>"
 
     def _repr_html_(self) -> str:
         st = self.status()
