@@ -13,7 +13,8 @@ from nbtrain import launch
 from tests.conftest import lora_yaml
 from tests.notebook import error_of, execute, text_of
 
-HEAVY = "import sys; print(sorted(m for m in ('torch', 'bitsandbytes', 'transformers', 'trl') if m in sys.modules))"
+_HEAVY_MODULES = "('torch', 'bitsandbytes', 'transformers', 'trl')"
+HEAVY = f"import sys; print(sorted(m for m in {_HEAVY_MODULES} if m in sys.modules))"
 
 
 def test_load_ext_imports_no_torch_or_bitsandbytes(workdir: Path) -> None:
