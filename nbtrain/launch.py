@@ -123,6 +123,15 @@ def is_local(launch: dict[str, Any]) -> bool:
 
 def group_alive(launch: dict[str, Any]) -> bool:
     """Whether any process of the launched group still runs (on this host)."""
+    reap()
+    # Fast path: the group leader itself, recognised by its start time so a reused pid does not count.
+    try:
+        leader = psutil.Process(int(launch["pgid"]))
+        same = launch.get("create_time") is None or abs(leader.create_time() - launch["create_time"]) < 0.01
+        if same and leader.status() != psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.Error:
+        pass  # the leader is gone; its children may live on in the group
     return bool(group_members(int(launch["pgid"])))
 
 

@@ -99,3 +99,30 @@ def find(ref: str) -> list[Row]:
 
 def _like_prefix(s: str) -> str:
     return s.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def rebuild(root: Path) -> int:
+    """Register every run directory under ``root`` that the registry does not know (the run dirs are
+    the source of truth). Returns how many were added."""
+    import json
+
+    known = {r.run_dir for r in rows()}
+    added = 0
+    for resolved in sorted(root.glob("*/resolved.json")):
+        run_dir = resolved.parent
+        if str(run_dir) in known:
+            continue
+        try:
+            info = json.loads(resolved.read_text(encoding="utf-8"))
+            state = json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("state", "queued")
+        except (OSError, ValueError):
+            continue
+        add(
+            str(info.get("id") or run_dir.name),
+            str(info.get("name") or run_dir.name),
+            run_dir,
+            state,
+            created=resolved.stat().st_mtime,
+        )
+        added += 1
+    return added

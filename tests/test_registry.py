@@ -36,3 +36,17 @@ def test_update_and_remove(tmp_path: Path) -> None:
     assert (row.state, row.pid) == ("running", 42)
     registry.remove("x")
     assert registry.rows() == []
+
+
+def test_rebuild_registers_run_dirs_it_does_not_know(tmp_path: Path) -> None:
+    from nbtrain.rundir import RunPaths, atomic_write_json, write_status
+
+    for i in range(2):
+        paths = RunPaths(tmp_path / "runs" / f"run-{i}")
+        paths.make()
+        atomic_write_json(paths.resolved, {"id": f"run-{i}", "name": f"n{i}"})
+        write_status(paths, "completed")
+    registry.add("run-0", "n0", tmp_path / "runs" / "run-0", "completed")
+    assert registry.rebuild(tmp_path / "runs") == 1
+    assert sorted(r.id for r in registry.rows()) == ["run-0", "run-1"]
+    assert registry.rebuild(tmp_path / "runs") == 0
