@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import html
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -17,9 +19,17 @@ from typing import Any
 
 from nbtrain import __version__, registry
 from nbtrain.config import Resolved, load_config
+from nbtrain.distributed import (
+    deepspeed_config,
+    free_port,
+    node_argv,
+    read_hostfile,
+    slurm_script,
+    write_launch_files,
+)
 from nbtrain.errors import NbtrainError
 from nbtrain.hardware import Hardware, probe
-from nbtrain.launch import LaunchFailed, spawn_worker, worker_env
+from nbtrain.launch import LaunchFailed, spawn, worker_env
 from nbtrain.plan import Plan, make_plan, train_args
 from nbtrain.rundir import write_status
 from nbtrain.runs import Run, all_runs, create_run_dir, get_run
@@ -64,13 +74,17 @@ class Prepared:
             f"  method:    {cfg.method}",
             f"  data:      {self.resolved.train_data.location} "
             f"[{self.resolved.train_data.kind}, {self.resolved.train_data.format}]",
-            f"  plan:      {self.plan.num_processes} x {self.plan.device}, {self.plan.precision}, "
+            f"  plan:      {self.plan.nodes} node(s) x {self.plan.num_processes} process(es) on "
+            f"{self.plan.device}, strategy {self.plan.strategy}, {self.plan.precision}, "
             f"launcher {self.plan.launcher}",
         ]
         lines += [f"    - {r}" for r in self.plan.reasons]
         lines += [f"  warning:   {w}" for w in self.plan.warnings]
         lines.append("  resolved config:")
         lines += ["    " + ln for ln in json.dumps(self.to_dict()["config"], indent=2).splitlines()]
+        if self.plan.deepspeed is not None:
+            lines.append("  deepspeed.json:")
+            lines += ["    " + ln for ln in json.dumps(self.plan.deepspeed, indent=2).splitlines()]
         lines.append("  train args (SFTConfig):")
         lines += [f"    {k}: {v!r}" for k, v in sorted(self.train_args.items())]
         return "\n".join(lines)
@@ -89,13 +103,72 @@ def prepare(
     res = load_config(config, name=name)
     hw = hardware or probe()
     plan = make_plan(res, hw)
-    return Prepared(res, plan, hw, train_args(res, plan))
+    args = train_args(res, plan)
+    if plan.strategy.startswith("zero"):
+        plan.deepspeed = deepspeed_config(res, plan, args)
+    return Prepared(res, plan, hw, args)
+
+
+def _commands(prep: Prepared, run: Run, port: int) -> list[tuple[str, list[str]]]:
+    """(log file, argv) for each process to start here: one per node this machine starts."""
+    plan, d = prep.plan, prep.resolved.config.distributed
+    if plan.launcher == "direct":
+        return [(run.paths.rank_log(0).name, node_argv(plan, run.dir, port=port))]
+    if plan.nodes == 1:
+        return [("launcher.log", node_argv(plan, run.dir, port=port))]
+    assert d.hostfile is not None  # validated: nodes > 1 has a hostfile or slurm
+    hosts = read_hostfile(d.hostfile)
+    if len(hosts) < plan.nodes:
+        raise NbtrainError(f"nodes: {plan.nodes} but {d.hostfile} lists {len(hosts)} host(s)")
+    master = d.master_addr or ("127.0.0.1" if hosts[0].local else hosts[0].name)
+    cmds = []
+    for rank, host in enumerate(hosts[: plan.nodes]):
+        argv = node_argv(plan, run.dir, port=port, master_addr=master, node_rank=rank)
+        if not host.local:
+            # The run directory must be on a filesystem every node shares (as for any multi-node job).
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in worker_env(plan.gpus).items())
+            remote = f"cd {shlex.quote(str(run.dir))} && env {env} {shlex.join(argv)}"
+            argv = ["ssh", "-o", "BatchMode=yes", host.name, remote]
+        cmds.append((f"node{rank}.log", argv))
+    return cmds
+
+
+def _submit_slurm(prep: Prepared, run: Run) -> Run:
+    d = prep.resolved.config.distributed
+    assert d.slurm is not None
+    script = run.dir / "slurm.sbatch"
+    script.write_text(slurm_script(prep.plan, run.dir, d.slurm.model_dump()), encoding="utf-8")
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        write_status(run.paths, "queued", note=f"sbatch not found: submit {script} on the cluster")
+        print(f"sbatch is not on PATH here; submit this script on the cluster:\n  sbatch {script}\n")
+        print(script.read_text(encoding="utf-8"))
+        return run
+    out = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        write_status(run.paths, "failed", error={"type": "slurm", "message": out.stderr.strip()})
+        raise NbtrainError(f"sbatch refused {script}: {out.stderr.strip()}")
+    write_status(run.paths, "queued", slurm_job=out.stdout.strip())
+    print(f"submitted SLURM job {out.stdout.strip()} ({script})")
+    return run
 
 
 def start(prep: Prepared) -> Run:
-    """Create the run directory, register it and start the detached worker."""
+    """Create the run directory, register it and start the detached worker(s)."""
     run = create_run_dir(prep.name, prep.resolved.text, prep.to_dict())
-    result = spawn_worker(run.paths, worker_env(prep.plan.gpus))
+    write_launch_files(prep.plan, run.dir)
+    d = prep.resolved.config.distributed
+    if prep.plan.nodes > 1 and d.slurm is not None and d.hostfile is None:
+        _LAST.append(run)
+        return _submit_slurm(prep, run)
+    port = d.master_port or free_port()
+    try:
+        commands = _commands(prep, run, port)
+    except NbtrainError as e:
+        write_status(run.paths, "failed", error={"type": "launch", "message": str(e)})
+        registry.update(run.id, state="failed")
+        raise
+    result = spawn(run.paths, commands, worker_env(prep.plan.gpus), port=port)
     if isinstance(result, LaunchFailed):
         write_status(run.paths, "failed", error={"type": "launch", "message": result.reason})
         registry.update(run.id, state="failed")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -75,6 +76,39 @@ class DataSettings(_Strict):
         return self
 
 
+STRATEGIES = ("auto", "none", "ddp", "zero1", "zero2", "zero3", "fsdp")
+ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+
+
+class SlurmSettings(_Strict):
+    partition: str | None = None
+    account: str | None = None
+    time: str = "04:00:00"
+    gpus_per_node: int | None = Field(None, gt=0)
+    cpus_per_task: int | None = Field(None, gt=0)
+    extra: list[str] = Field(default_factory=list)  # more "#SBATCH ..." options, written as given
+
+
+class DistributedSettings(_Strict):
+    strategy: Literal["auto", "none", "ddp", "zero1", "zero2", "zero3", "fsdp"] = "auto"
+    offload: Literal["none", "optimizer", "optimizer+params"] = "none"
+    num_processes: Literal["auto"] | int = "auto"  # per node
+    launcher: Literal["auto", "accelerate", "deepspeed", "torchrun", "notebook"] = "auto"
+    nodes: int = Field(1, ge=1)
+    hostfile: str | None = None
+    slurm: SlurmSettings | None = None
+    deepspeed_config: str | None = None
+    master_addr: str | None = None  # multi-node: the address of node 0 as the others reach it
+    master_port: int | None = Field(None, gt=0, lt=65536)
+
+    @field_validator("num_processes")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("num_processes is 'auto' or a positive integer (processes per node)")
+        return v
+
+
 class RunConfig(_Strict):
     model: str = Field(min_length=1)
     method: Literal["full", "lora", "qlora"] = "lora"
@@ -83,6 +117,7 @@ class RunConfig(_Strict):
     lora: LoraSettings | None = None
     quantization: QuantSettings | None = None
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    distributed: DistributedSettings = Field(default_factory=lambda: DistributedSettings.model_validate({}))
     trust_remote_code: bool = False
     name: str | None = None
 
@@ -106,6 +141,7 @@ class Resolved:
     train_data: DataSource
     eval_data: DataSource | None
     notes: list[str] = field(default_factory=list)
+    user_deepspeed: dict[str, Any] | None = None  # the JSON of distributed.deepspeed_config, checked
 
 
 # ----------------------------------------------------------------------------------------- YAML lines
@@ -294,6 +330,106 @@ def _check_train(train: dict[str, Any], precision: Any, probs: _Problems) -> Non
             probs.add(("train", key), msg)
 
 
+def _check_distributed(cfg: RunConfig, base: Path, probs: _Problems) -> dict[str, Any] | None:
+    """Combinations that cannot work, rejected before launch. Returns a user DeepSpeed config, if any."""
+    d = cfg.distributed
+    where = ("distributed",)
+    zero = d.strategy in ZERO_STAGES
+    if d.offload != "none" and not (zero or d.strategy == "auto"):
+        probs.add(
+            (*where, "offload"),
+            f"offload needs a DeepSpeed ZeRO strategy (zero1, zero2 or zero3), not strategy: {d.strategy}",
+        )
+    if d.offload == "optimizer+params" and d.strategy not in ("zero3", "auto"):
+        probs.add(
+            (*where, "offload"),
+            "offloading parameters needs strategy: zero3 (ZeRO-1/2 keep every "
+            "parameter on each device); use offload: optimizer, or zero3",
+        )
+    if cfg.method == "qlora" and d.strategy == "zero3":
+        probs.add(
+            (*where, "strategy"),
+            "method: qlora cannot combine with zero3 here: ZeRO-3 partitions "
+            "parameters, and bitsandbytes 4-bit weights cannot be partitioned. "
+            "Use strategy: ddp or zero2, or method: lora with zero3",
+        )
+    if cfg.method == "qlora" and d.strategy == "fsdp":
+        probs.add((*where, "strategy"), "method: qlora cannot combine with fsdp here; use strategy: ddp")
+    if d.strategy == "none" and isinstance(d.num_processes, int) and d.num_processes > 1:
+        probs.add(
+            (*where, "num_processes"),
+            f"{d.num_processes} processes need a strategy that uses them: ddp, zero1, zero2, zero3 or fsdp",
+        )
+    if d.launcher == "notebook" and d.nodes > 1:
+        probs.add(
+            (*where, "launcher"),
+            "launcher: notebook runs on this machine only; use torchrun or deepspeed for nodes > 1",
+        )
+    if d.launcher == "deepspeed" and d.strategy in ("fsdp",):
+        probs.add((*where, "launcher"), "fsdp runs under accelerate or torchrun, not the deepspeed launcher")
+    if d.nodes > 1 and d.hostfile is None and d.slurm is None:
+        probs.add(
+            (*where, "nodes"),
+            f"nodes: {d.nodes} needs hostfile: PATH (one 'host slots=N' line per "
+            f"node) or slurm: {{partition: ...}}",
+        )
+    if d.hostfile is not None:
+        hf = (base / Path(d.hostfile).expanduser()).resolve()
+        if not hf.is_file():
+            probs.add((*where, "hostfile"), f"hostfile not found: {hf}")
+    user_ds: dict[str, Any] | None = None
+    if d.deepspeed_config is not None:
+        if d.strategy not in ("auto", *ZERO_STAGES):
+            probs.add(
+                (*where, "deepspeed_config"),
+                f"a DeepSpeed config needs strategy zero1/zero2/zero3 or auto, not {d.strategy}",
+            )
+        path = (base / Path(d.deepspeed_config).expanduser()).resolve()
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            probs.add((*where, "deepspeed_config"), f"DeepSpeed config not found: {path}")
+        except (OSError, ValueError) as e:
+            probs.add((*where, "deepspeed_config"), f"{path.name} is not valid JSON: {e}")
+        else:
+            problem = deepspeed_config_problem(loaded)
+            if problem:
+                probs.add((*where, "deepspeed_config"), f"{path.name}: {problem}")
+            else:
+                user_ds = loaded
+                stage = loaded.get("zero_optimization", {}).get("stage", 0)
+                if d.strategy in ZERO_STAGES and ZERO_STAGES[d.strategy] != stage:
+                    probs.add(
+                        (*where, "strategy"),
+                        f"strategy {d.strategy} but {path.name} has ZeRO "
+                        f"stage {stage}; make them agree or use strategy: auto",
+                    )
+    return user_ds
+
+
+def deepspeed_config_problem(ds: Any) -> str | None:
+    if not isinstance(ds, dict):
+        return "a DeepSpeed config is a JSON object"
+    zero = ds.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        return "zero_optimization must be an object"
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        return f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}"
+    for key in ("offload_optimizer", "offload_param"):
+        sub = zero.get(key)
+        ok = isinstance(sub, dict) and sub.get("device") in ("cpu", "nvme", "none")
+        if sub is not None and not ok:
+            return f"zero_optimization.{key}.device must be cpu, nvme or none"
+    if zero.get("offload_param") and zero["offload_param"].get("device") not in (None, "none") and stage != 3:
+        return "offload_param needs zero_optimization.stage 3"
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
+        v = ds.get(key)
+        if v is not None and v != "auto" and not (isinstance(v, int) and v > 0):
+            return f'{key} must be a positive integer or "auto", got {v!r}'
+    return None
+
+
 def _method_sections(cfg: RunConfig, probs: _Problems) -> None:
     has_eval = cfg.data.eval is not None or cfg.data.eval_split is not None
     if cfg.train.get("eval_strategy", "no") != "no" and not has_eval:
@@ -378,8 +514,10 @@ def load_config(source: str | Path | dict[str, Any], *, name: str | None = None)
     train = raw.get("train")
     if isinstance(train, dict):
         _check_train(train, raw.get("precision", "auto"), probs)
+    user_ds: dict[str, Any] | None = None
     if cfg is not None:
         _method_sections(cfg, probs)
+        user_ds = _check_distributed(cfg, base, probs)
     data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
     fmt = data.get("format", "auto")
     fmt = fmt if fmt in ("auto", *FORMATS) else "auto"
@@ -411,8 +549,15 @@ def load_config(source: str | Path | dict[str, Any], *, name: str | None = None)
         data_updates["eval"] = eval_src.location
     updates["data"] = cfg.data.model_copy(update=data_updates)
     cfg = cfg.model_copy(update=updates)
+    dist_updates: dict[str, Any] = {}
+    for key in ("hostfile", "deepspeed_config"):
+        value = getattr(cfg.distributed, key)
+        if value is not None:
+            dist_updates[key] = str((base / Path(value).expanduser()).resolve())
+    if dist_updates:
+        cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update=dist_updates)})
     notes = [
         f"data: {train_src.kind} file, format {train_src.format}"
         + (" (detected)" if cfg.data.format == "auto" and train_src.kind != "hub" else "")
     ]
-    return Resolved(cfg, text, model_kind, train_src, eval_src, notes)
+    return Resolved(cfg, text, model_kind, train_src, eval_src, notes, user_ds)

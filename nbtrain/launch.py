@@ -8,6 +8,7 @@ and stop it later.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -51,43 +53,67 @@ def worker_env(gpus: list[int]) -> dict[str, str]:
     return env
 
 
-def spawn_worker(paths: RunPaths, env_overrides: dict[str, str]) -> LaunchResult:
-    argv = [sys.executable, "-m", "nbtrain.worker", str(paths.root)]
+def _spawn(
+    argv: list[str], log_path: Path, cwd: Path, env_overrides: dict[str, str]
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, **env_overrides}
-    paths.logs.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(paths.rank_log(0), "ab") as log:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=paths.root,
-                env=env,
-                close_fds=True,
-            )
-    except OSError as e:
-        return LaunchFailed(f"could not start {argv[0]}: {e}")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, cwd=cwd, env=env, close_fds=True,
+        )  # fmt: skip
     _CHILDREN[proc.pid] = proc
-    try:
-        create_time = psutil.Process(proc.pid).create_time()
-    except psutil.Error:
-        create_time = None
-    atomic_write_json(
-        paths.launch,
-        {
-            "argv": argv,
-            "env": env_overrides,
-            "pid": proc.pid,
-            "pgid": proc.pid,
-            "host": socket.gethostname(),
-            "port": None,
-            "start_time": time.time(),
-            "create_time": create_time,
-        },
-    )
-    return Launched(proc.pid, proc.pid, argv)
+    return proc
+
+
+def spawn(
+    paths: RunPaths,
+    commands: list[tuple[str, list[str]]],
+    env_overrides: dict[str, str],
+    *,
+    port: int | None = None,
+) -> LaunchResult:
+    """Start each ``(log name, argv)`` in its own session; record them all in launch.json.
+
+    One command for a single node (the worker itself, or its launcher); one per node otherwise. If
+    any fails to start, the ones already started are stopped again: nothing is left half-started.
+    """
+    procs: list[dict[str, Any]] = []
+    started: list[subprocess.Popen[bytes]] = []
+    for log_name, argv in commands:
+        try:
+            proc = _spawn(argv, paths.logs / log_name, paths.root, env_overrides)
+        except OSError as e:
+            for p in started:
+                _kill_group(p.pid)
+            return LaunchFailed(f"could not start {argv[0]}: {e}")
+        started.append(proc)
+        try:
+            create_time: float | None = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            create_time = None
+        procs.append(
+            {"pid": proc.pid, "pgid": proc.pid, "argv": argv, "log": log_name, "create_time": create_time}
+        )
+    first = procs[0]
+    atomic_write_json(paths.launch, {
+        "argv": first["argv"], "env": env_overrides, "pid": first["pid"], "pgid": first["pgid"],
+        "create_time": first["create_time"], "procs": procs,
+        "host": socket.gethostname(), "port": port, "start_time": time.time(),
+    })  # fmt: skip
+    return Launched(first["pid"], first["pgid"], first["argv"])
+
+
+def spawn_worker(paths: RunPaths, env_overrides: dict[str, str]) -> LaunchResult:
+    """One training process, started directly (no launcher parent)."""
+    argv = [sys.executable, "-m", "nbtrain.worker", str(paths.root)]
+    return spawn(paths, [(paths.rank_log(0).name, argv)], env_overrides)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def reap() -> None:
@@ -121,30 +147,44 @@ def is_local(launch: dict[str, Any]) -> bool:
     return bool(launch.get("host") == socket.gethostname())
 
 
-def group_alive(launch: dict[str, Any]) -> bool:
-    """Whether any process of the launched group still runs (on this host)."""
-    reap()
-    # Fast path: the group leader itself, recognised by its start time so a reused pid does not count.
+def _procs(launch: dict[str, Any]) -> list[dict[str, Any]]:
+    procs: list[dict[str, Any]] = launch.get("procs") or [launch]
+    return procs
+
+
+def _leader_alive(proc: dict[str, Any]) -> bool:
+    # Recognised by its start time, so a reused pid does not count.
     try:
-        leader = psutil.Process(int(launch["pgid"]))
-        same = launch.get("create_time") is None or abs(leader.create_time() - launch["create_time"]) < 0.01
-        if same and leader.status() != psutil.STATUS_ZOMBIE:
-            return True
+        leader = psutil.Process(int(proc["pgid"]))
+        ct = proc.get("create_time")
+        same = ct is None or abs(leader.create_time() - ct) < 0.01
+        return bool(same and leader.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
-        pass  # the leader is gone; its children may live on in the group
-    return bool(group_members(int(launch["pgid"])))
+        return False
+
+
+def group_alive(launch: dict[str, Any]) -> bool:
+    """Whether any process of the run's process groups still runs (on this host)."""
+    reap()
+    procs = _procs(launch)
+    if any(_leader_alive(p) for p in procs):
+        return True  # the fast path: a leader is there
+    return any(group_members(int(p["pgid"])) for p in procs)  # a leader's children may outlive it
 
 
 def signal_group(launch: dict[str, Any], sig: int) -> bool:
-    """Send ``sig`` to the run's own process group; False when it is already gone."""
-    pgid = int(launch["pgid"])
-    if not group_members(pgid):
-        return False
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True
+    """Send ``sig`` to the run's own process groups; False when they are all gone already."""
+    sent = False
+    for p in _procs(launch):
+        pgid = int(p["pgid"])
+        if not group_members(pgid):
+            continue
+        try:
+            os.killpg(pgid, sig)
+            sent = True
+        except ProcessLookupError:
+            continue
+    return sent
 
 
 def wait_group_gone(launch: dict[str, Any], timeout: float) -> bool:
@@ -157,7 +197,7 @@ def wait_group_gone(launch: dict[str, Any], timeout: float) -> bool:
 
 
 def terminate_group(launch: dict[str, Any], grace: float) -> str:
-    """SIGTERM the group, wait ``grace`` seconds, then SIGKILL it. Returns what it took."""
+    """SIGTERM the run's groups, wait ``grace`` seconds, then SIGKILL them. Returns what it took."""
     if not signal_group(launch, signal.SIGTERM):
         return "gone"
     if wait_group_gone(launch, grace):

@@ -46,7 +46,7 @@ def test_bad_input_fails_the_cell_with_one_usage_error_and_starts_nothing(workdi
     err = error_of(nb.cells[4])
     assert err is not None and "no run matches 'no-such-run'" in err[1]
     dry = text_of(nb.cells[5])
-    assert "nbtrain dry run: dry (nothing started)" in dry and "1 process on CPU" in dry
+    assert "nbtrain dry run: dry (nothing started)" in dry and "1 process(es) per node on CPU" in dry
     assert error_of(nb.cells[6]) is None
     assert text_of(nb.cells[7]).strip() == "[]"
     assert nbtrain.runs() == []

@@ -24,6 +24,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     paths = RunPaths(Path(argv[0]).resolve())
     stop = StopControl(paths)
+    rank = int(os.environ.get("RANK", "0"))
+    if "LOCAL_RANK" in os.environ or "RANK" in os.environ:
+        # Under a launcher each rank writes its own log (the launcher's output goes to launcher.log).
+        paths.logs.mkdir(parents=True, exist_ok=True)
+        fd = os.open(paths.rank_log(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
 
     # Installed before the heavy imports, so a stop during start-up is not lost.
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -32,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    write_status(paths, "starting", pid=os.getpid())
+    if rank == 0:
+        write_status(paths, "starting", pid=os.getpid())
     try:
         resolved = read_json(paths.resolved)
         from nbtrain.worker.sft import SFTRecipe
@@ -41,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe.setup()
         outcome = recipe.train()
         recipe.cleanup()
-    except BaseException as e:  # noqa: BLE001 - every failure is recorded in status.json, then re-raised
+    except BaseException as e:  # noqa: BLE001 - every failure is recorded in status.json
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
         write_status(
@@ -51,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 "type": type(e).__name__,
                 "message": str(e)[:4000],
                 "traceback": tb[-8000:],
+                "rank": rank,
             },
         )
         return 1

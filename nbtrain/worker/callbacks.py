@@ -98,14 +98,79 @@ class RunDirCallback(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.stop.requested and not control.should_training_stop:
+        if self._stop_agreed(args) and not control.should_training_stop:
             control.should_training_stop = True
             control.should_save = True  # a stopped run keeps its progress as a checkpoint
             self._status("stopping", state, force=True, stop_reason=self.stop.reason)
         else:
             self._status("stopping" if self.stop.requested else "running", state)
 
+    def _stop_agreed(self, args: TrainingArguments) -> bool:
+        """Whether any rank was asked to stop. Every rank must stop after the same step, or the others
+        would wait forever in the next collective; one tiny all-reduce per step settles it."""
+        import torch
+        import torch.distributed as dist
+
+        local = self.stop.requested
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return local
+        flag = torch.tensor([1 if local else 0], device=args.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not local:
+            self.stop.request("another rank")
+        return bool(flag.item())
+
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
         self.system.close()
+
+
+def state_report(trainer: Any) -> dict[str, Any]:
+    """What this rank holds after training: parameter elements (local vs full, so ZeRO-3's partitioning
+    shows), optimizer-state bytes, and a checksum of the trainable weights (equal on every rank)."""
+    import hashlib
+
+    import torch
+
+    model = trainer.model_wrapped if getattr(trainer, "deepspeed", None) is not None else trainer.model
+    module = getattr(model, "module", model)
+    local = full = 0
+    trainable = []
+    for name, p in module.named_parameters():
+        ds_full = getattr(p, "ds_numel", None)  # set on ZeRO-3 partitioned parameters
+        full += int(ds_full) if ds_full is not None else p.numel()
+        part = getattr(p, "ds_tensor", None)
+        local += int(part.numel()) if part is not None else p.numel()
+        if p.requires_grad:
+            trainable.append((name, p))
+    digest = hashlib.sha256()
+    total = 0.0
+    params = [p for _, p in trainable]
+    if params and getattr(params[0], "ds_numel", None) is not None:
+        import deepspeed
+
+        ctx: Any = deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    else:
+        import contextlib
+
+        ctx = contextlib.nullcontext()
+    with ctx, torch.no_grad():
+        for name, p in trainable:
+            t = p.detach().float().cpu().contiguous()
+            digest.update(name.encode())
+            digest.update(t.numpy().tobytes())
+            total += float(t.abs().sum())
+    opt_bytes = 0
+    opt = trainer.optimizer
+    base = getattr(opt, "optimizer", opt)  # DeepSpeed and accelerate wrap the torch optimizer
+    for st in getattr(base, "state", {}).values():
+        for v in st.values():
+            if torch.is_tensor(v):
+                opt_bytes += v.numel() * v.element_size()
+    return {
+        "t": time.time(), "rank": rank(), "event": "train_end",
+        "param_numel_local": local, "param_numel_full": full,
+        "optimizer_state_bytes": opt_bytes,
+        "trainable_sha256": digest.hexdigest(), "trainable_abs_sum": total,
+    }  # fmt: skip

@@ -14,6 +14,7 @@ import shutil
 from typing import Any
 
 from nbtrain.rundir import RunPaths, write_status
+from nbtrain.worker.callbacks import rank, state_report
 from nbtrain.worker.control import StopControl
 
 
@@ -141,16 +142,26 @@ class SFTRecipe:
         from nbtrain.worker.callbacks import RunDirCallback
 
         set_seed(int(self.args.get("seed", 42)))
+        extra: dict[str, Any] = {}
+        if self.plan.get("deepspeed") is not None:
+            extra["deepspeed"] = str(self.paths.root / "deepspeed.json")
+        # The arguments come first: with ZeRO-3 they register the DeepSpeed config that makes
+        # from_pretrained partition the weights as they load (kept alive by self.sft_args).
+        self.sft_args = SFTConfig(output_dir=str(self.paths.checkpoints), **self.args, **extra)
+        _ = self.sft_args.device  # sets up torch.distributed (gloo on CPU) before the model exists
+        if extra and self.plan["device"] == "cpu":
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend="gloo")
         tok = self._load_tokenizer()
         train, evald = self._load_data(tok)
         if self.stop.requested:
             return
         model = self._load_model()
-        sft_args = SFTConfig(output_dir=str(self.paths.checkpoints), **self.args)
         self.callback = RunDirCallback(self.paths, self.stop)
         self.trainer = SFTTrainer(
             model=model,
-            args=sft_args,
+            args=self.sft_args,
             train_dataset=train,
             eval_dataset=evald,
             processing_class=tok,
@@ -159,41 +170,38 @@ class SFTRecipe:
 
     # ------------------------------------------------------------------------------------- train
     def train(self) -> str:
+        rank0 = rank() == 0
         if self.stop.requested or self.trainer is None:
-            write_status(self.paths, "stopped", stop_reason=self.stop.reason, note="stopped before training")
+            if rank0:
+                write_status(
+                    self.paths, "stopped", stop_reason=self.stop.reason, note="stopped before training"
+                )
             return "stopped"
         self.trainer.train()
         state = self.trainer.state
         summary = dict(self.callback.summary)
+        self.callback.system.write(state_report(self.trainer))
         if self.stop.requested:
-            write_status(
-                self.paths,
-                "stopped",
-                step=state.global_step,
-                max_steps=state.max_steps,
-                stop_reason=self.stop.reason,
-                summary=summary,
-            )
+            if rank0:
+                write_status(self.paths, "stopped", step=state.global_step, max_steps=state.max_steps,
+                             stop_reason=self.stop.reason, summary=summary)  # fmt: skip
             return "stopped"
         if self.trainer.eval_dataset is not None and self.callback.last_eval_step != state.global_step:
             self.trainer.evaluate()  # logs eval_loss for the final step through the callback
         self._save_output()
-        write_status(
-            self.paths,
-            "completed",
-            step=state.global_step,
-            max_steps=state.max_steps,
-            summary=summary,
-            output=str(self.paths.output),
-        )
+        if rank0:
+            write_status(self.paths, "completed", step=state.global_step, max_steps=state.max_steps,
+                         summary=summary, output=str(self.paths.output))  # fmt: skip
         return "completed"
 
     def _save_output(self) -> None:
-        if not self.trainer.is_world_process_zero():
-            return
+        # Every rank takes part (ZeRO-3 gathers the partitioned weights); rank 0 writes the files.
         partial = self.paths.root / "output.partial"
-        shutil.rmtree(partial, ignore_errors=True)
+        if rank() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
         self.trainer.save_model(str(partial))
+        if rank() != 0:
+            return
         self.trainer.processing_class.save_pretrained(str(partial))
         if self.paths.output.exists():
             shutil.rmtree(self.paths.output)
