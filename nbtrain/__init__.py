@@ -24,6 +24,8 @@ from nbtrain.api import (
     start,
 )
 from nbtrain.errors import ConfigError, NbtrainError, RunFailed, RunNotFound
+from nbtrain.notebook_launch import launch_function
+from nbtrain.runlog import log, should_stop
 from nbtrain.runs import Run, RunStatus, get_run
 
 
@@ -46,9 +48,12 @@ __all__ = [
     "finetune",
     "get_run",
     "last_run",
+    "launch_function",
     "load_ipython_extension",
+    "log",
     "make_tiny_model",
     "prepare",
     "runs",
+    "should_stop",
     "start",
 ]

@@ -172,6 +172,20 @@ def group_alive(launch: dict[str, Any]) -> bool:
     return any(group_members(int(p["pgid"])) for p in procs)  # a leader's children may outlive it
 
 
+def run_alive(launch: dict[str, Any]) -> bool:
+    """Whether something can still finish this run: its process groups, or for a notebook_launcher run
+    the kernel whose thread supervises the ranks (it writes the final state)."""
+    if launch.get("notebook"):
+        try:
+            kernel = psutil.Process(int(launch["kernel_pid"]))
+            return bool(
+                kernel.status() != psutil.STATUS_ZOMBIE and kernel.create_time() <= launch["start_time"]
+            )
+        except psutil.Error:
+            return False
+    return group_alive(launch)
+
+
 def signal_group(launch: dict[str, Any], sig: int) -> bool:
     """Send ``sig`` to the run's own process groups; False when they are all gone already."""
     sent = False

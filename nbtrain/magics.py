@@ -94,6 +94,21 @@ def _wait(run: Run, timeout: float | None) -> None:
         raise UsageError(run.failure_report(st))
 
 
+def _verb_launch_function(args: Any) -> Any:
+    from IPython import get_ipython
+
+    from nbtrain.notebook_launch import launch_function
+
+    ip = get_ipython()
+    ns = ip.user_ns if ip is not None else {}
+    if args.function not in ns:
+        raise UsageError(f"no function named {args.function!r} in this notebook; define it in a cell first")
+    run = launch_function(ns[args.function], num_processes=args.n, name=args.name, fallback=args.fallback)
+    if not args.no_view:
+        _show(run)
+    return run
+
+
 def _verbs() -> dict[str, Verb]:
     v: dict[str, Verb] = {}
     v["list"] = Verb(_parser("%finetune list", "List runs (a DataFrame)."), _verb_list)
@@ -112,6 +127,17 @@ def _verbs() -> dict[str, Verb]:
     p = _run_arg(_parser("%finetune wait", "Block until a run ends; fail the cell if it failed."))
     p.add_argument("--timeout", type=float, default=None)
     v["wait"] = Verb(p, _verb_wait)
+    p = _parser(
+        "%finetune launch-function",
+        "Run a training function of this notebook on N processes (accelerate's notebook_launcher).",
+    )
+    p.add_argument("function", help="name of a function defined in the notebook")
+    p.add_argument("-n", type=int, default=1, help="number of processes (default 1)")
+    p.add_argument("--name", default=None, help="run name (default: the function's name)")
+    p.add_argument("--fallback", choices=["refuse", "detached"], default="refuse",
+                   help="when the kernel is not safe to fork: refuse (default) or run detached")  # fmt: skip
+    p.add_argument("--no-view", action="store_true")
+    v["launch-function"] = Verb(p, _verb_launch_function)
     return v
 
 

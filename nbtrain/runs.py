@@ -105,7 +105,7 @@ class Run:
         raw = self._read_status()
         if raw.get("state") in ACTIVE_STATES:
             info = launch.read_launch(self.paths)
-            if info is not None and launch.is_local(info) and not launch.group_alive(info):
+            if info is not None and launch.is_local(info) and not launch.run_alive(info):
                 raw = self._read_status()  # it may have finished between the two reads
                 if raw.get("state") in ACTIVE_STATES:
                     err = {
@@ -166,7 +166,12 @@ class Run:
             return self.status()
         if not launch.is_local(info):
             raise NbtrainError(f"run {self.id} runs on host {info.get('host')}; stop it from there")
-        how = launch.terminate_group(info, grace=timeout)
+        if info.get("notebook"):
+            from nbtrain.notebook_launch import stop_notebook_run
+
+            how = stop_notebook_run(self, info, timeout)
+        else:
+            how = launch.terminate_group(info, grace=timeout)
         final = self._read_status()
         if final.get("state") in ACTIVE_STATES:
             write_status(

@@ -1,0 +1,126 @@
+"""Real multi-process runs on CPU (2 ranks over gloo) of the tiny model, started from %%finetune cells.
+
+The runs of one batch start at the same moment from one notebook, which also shows that concurrent
+runs get distinct rendezvous ports and do not interfere.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import nbtrain
+from nbtrain import launch
+from nbtrain.rundir import read_jsonl
+from tests.conftest import lora_yaml
+from tests.notebook import execute, text_of
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+
+
+def cell(name: str, extra: str, method: str = "lora") -> str:
+    body = lora_yaml(STEPS, method=method).replace("3.0e-3", "1.0e-3")
+    return f"%%finetune --name {name} --no-view\n{body}distributed:\n{extra}"
+
+
+RUNS = {
+    "ddp": ("  strategy: ddp\n", "lora"),
+    "zero1": ("  strategy: zero1\n", "lora"),
+    "zero2": ("  strategy: zero2\n", "lora"),
+    "zero3": ("  strategy: zero3\n", "lora"),
+    "zero3-offload": ("  strategy: zero3\n  offload: optimizer\n", "lora"),
+    "qlora-ddp": ("  strategy: ddp\n", "qlora"),
+    "full-zero3": ("  strategy: zero3\n", "full"),
+    "zero2-accelerate": ("  strategy: zero2\n  launcher: accelerate\n", "lora"),
+    "two-nodes": ("  strategy: ddp\n  num_processes: 1\n  nodes: 2\n  hostfile: hosts.txt\n", "lora"),
+}
+
+
+def train_end(run: nbtrain.Run) -> list[dict]:
+    return sorted(
+        (r for r in read_jsonl(run.paths.system) if r.get("event") == "train_end"), key=lambda r: r["rank"]
+    )
+
+
+def adapter(run: nbtrain.Run) -> dict[str, torch.Tensor]:
+    return load_file(run.output_dir / "adapter_model.safetensors")
+
+
+def test_every_strategy_completes_from_a_cell_with_ranks_in_agreement(workdir: Path) -> None:
+    (workdir / "hosts.txt").write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    cells = ["%load_ext nbtrain"] + [cell(n, extra, m) for n, (extra, m) in RUNS.items()]
+    cells += [f"%finetune wait {n}" for n in RUNS]
+    t0 = time.monotonic()
+    nb = execute(cells, workdir, timeout=900)
+    print(f"{len(RUNS)} runs in {time.monotonic() - t0:.0f} s")
+    runs = {n: nbtrain.get_run(n) for n in RUNS}
+    for name, run in runs.items():
+        assert run.status().state == "completed", (name, run.logs(40), text_of(nb.cells[-1]))
+        ends = train_end(run)
+        assert [e["rank"] for e in ends] == [0, 1], name
+        assert ends[0]["trainable_sha256"] == ends[1]["trainable_sha256"], f"{name}: ranks disagree"
+        assert run.output_dir.is_dir() and not (run.dir / "output.partial").exists()
+        assert len(list(run.dir.glob("output*"))) == 1  # saved once
+        assert {0, 1} <= {r["rank"] for r in read_jsonl(run.paths.system)}  # memory from every rank
+        m = run.metrics()
+        assert m["step"].max() == STEPS and m["loss"].notna().all()
+
+    # ZeRO-3 partitions: each rank holds about half of the parameters.
+    for name in ("zero3", "zero3-offload", "full-zero3"):
+        for e in train_end(runs[name]):
+            assert abs(e["param_numel_local"] / e["param_numel_full"] - 0.5) < 0.05, (name, e)
+    for name in ("ddp", "zero1", "zero2"):
+        e = train_end(runs[name])[0]
+        assert e["param_numel_local"] == e["param_numel_full"]
+    # ZeRO-1/2 partition the optimizer state: half of what DDP holds per rank.
+    ddp_opt = train_end(runs["ddp"])[0]["optimizer_state_bytes"]
+    assert abs(train_end(runs["zero2"])[0]["optimizer_state_bytes"] / ddp_opt - 0.5) < 0.05
+
+    # The same data, seed and steps give the same adapter whatever the strategy or launcher.
+    ref = adapter(runs["ddp"])
+    for name in ("zero1", "zero2", "zero3", "zero3-offload", "zero2-accelerate", "two-nodes"):
+        other = adapter(runs[name])
+        assert other.keys() == ref.keys()
+        diff = max(float((other[k] - ref[k]).abs().max()) for k in ref)
+        assert diff < 1e-4, (name, diff)
+
+    # Written to the run dir, visible and copyable: the DeepSpeed JSON and the accelerate config.
+    ds = json.loads((runs["zero3"].dir / "deepspeed.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 3 and ds["train_batch_size"] == 4 * 2
+    assert (runs["zero2-accelerate"].dir / "accelerate.yaml").exists()
+    # Distinct rendezvous ports for runs started together.
+    ports = [launch.read_launch(r.paths)["port"] for r in runs.values()]  # type: ignore[index]
+    assert len(set(ports)) == len(ports)
+
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    for name in ("zero3", "qlora-ddp"):
+        AutoPeftModelForCausalLM.from_pretrained(runs[name].output_dir)
+    full = AutoModelForCausalLM.from_pretrained(runs["full-zero3"].output_dir)
+    assert sum(p.numel() for p in full.parameters()) == train_end(runs["full-zero3"])[0]["param_numel_full"]
+
+
+def test_stopping_a_two_rank_run_stops_every_rank_after_the_same_step(workdir: Path) -> None:
+    body = lora_yaml(100_000).replace("  logging_steps: 1", "  logging_steps: 1\n  save_steps: 100000")
+    run = nbtrain.finetune(body + "distributed:\n  strategy: ddp\n", name="stop-ddp")
+    deadline = time.monotonic() + 240
+    while run.status().step < 3:
+        assert time.monotonic() < deadline, run.logs(40)
+        assert not run.status().done, run.logs(40)
+        time.sleep(0.3)
+    st = run.stop(timeout=120)
+    assert st.state == "stopped"
+    info = launch.read_launch(run.paths)
+    assert info is not None and not launch.group_alive(info)
+    ckpt = list(run.paths.checkpoints.glob("checkpoint-*"))
+    assert len(ckpt) == 1 and int(ckpt[0].name.split("-")[1]) == st.step
+    for r in (0, 1):
+        assert "nbtrain worker: stopped" in run.paths.rank_log(r).read_text()
