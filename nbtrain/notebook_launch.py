@@ -16,6 +16,7 @@ the kernel's group.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -64,10 +65,14 @@ def contamination() -> list[str]:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when the thread that forked it (the kernel's) goes away."""
+    """Ask Linux to kill this process when the thread that forked it (the kernel's) goes away.
+
+    SIGKILL, not SIGTERM: with its supervisor gone no rank can finish in step with the others, and a
+    rank left waiting in a collective would hang forever.
+    """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the kernel's shutdown still signals its process group
 
@@ -94,8 +99,17 @@ def _child(fn: Callable[..., Any], run_dir: str, *args: Any) -> Any:
     return fn(*args)
 
 
+class _NoSignalHandlerWarning(logging.Filter):
+    """torch elastic warns that it cannot install signal handlers from a thread. The ranks here die
+    with the kernel through PR_SET_PDEATHSIG instead, so the warning only misleads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Failed to register signal handlers" not in record.getMessage()
+
+
 def _supervise(run: Run, fn: Callable[..., Any], args: tuple[Any, ...], n: int, port: int) -> None:
     paths = run.paths
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_NoSignalHandlerWarning())
     try:
         from accelerate import notebook_launcher
 

@@ -15,6 +15,7 @@ so a function can call ``log`` on every rank.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,22 @@ def log(step: int | None = None, **values: float) -> None:
 
 
 def should_stop() -> bool:
-    """True once a stop was asked for (``Run.stop()``, ``%finetune stop``, or SIGTERM)."""
-    return bool(_STATE["signalled"]) or _paths().control_file("stop").exists()
+    """True once a stop was asked for (``Run.stop()``, ``%finetune stop``, or SIGTERM).
+
+    Call it on every rank at the same point of the loop: under torch.distributed the ranks agree (one
+    tiny all-reduce), so they all leave the loop after the same step instead of one rank waiting
+    forever in the next collective.
+    """
+    local = bool(_STATE["signalled"]) or _paths().control_file("stop").exists()
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return local
+    import torch
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([1 if local else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def mark_signalled() -> None:
