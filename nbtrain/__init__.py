@@ -29,6 +29,14 @@ from nbtrain.runlog import log, should_stop
 from nbtrain.runs import Run, RunStatus, get_run
 
 
+def panel(config: Any = None) -> Any:
+    """A widget form that builds (and launches) a run config; ``config`` pre-fills it (YAML, dict, path
+    or Run)."""
+    from nbtrain.ui.panel import panel as make_panel
+
+    return make_panel(config)
+
+
 def load_ipython_extension(ipython: Any) -> None:
     from nbtrain.magics import load_ipython_extension as load
 
@@ -52,6 +60,7 @@ __all__ = [
     "load_ipython_extension",
     "log",
     "make_tiny_model",
+    "panel",
     "prepare",
     "runs",
     "should_stop",

@@ -254,7 +254,8 @@ def _schema_problems(err: ValidationError, raw: Any, probs: _Problems) -> None:
             hint = f"; did you mean '{close[0]}'?" if close else "."
             probs.add(loc, f"{value!r} is not allowed{hint} Choose one of {expected}")
         elif kind.endswith("_type") or kind in {"model_type", "dict_type"}:
-            probs.add(loc, f"{value!r} has the wrong type: {e['msg'].lower()}")
+            hint = trainargs.yaml_number_hint(value) if kind in ("float_type", "int_type") else ""
+            probs.add(loc, f"{value!r} has the wrong type: {e['msg'].lower()}{hint}")
         else:
             msg = e["msg"]
             msg = msg.removeprefix("Value error, ")

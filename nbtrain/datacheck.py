@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -128,6 +129,11 @@ _READERS = {
     "parquet": _rows_parquet,
     "disk": _rows_disk,
 }
+
+
+def read_rows(path: Path, kind: str, n: int) -> list[tuple[int, Any]]:
+    """The first ``n`` (row number, row) pairs of a local data file or save_to_disk directory."""
+    return list(itertools.islice(_READERS[kind](path), n))
 
 
 def inspect_data(spec: str, fmt: str, base: Path) -> DataSource:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import shlex
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -19,10 +20,12 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from nbtrain import api
 from nbtrain.errors import NbtrainError
 from nbtrain.runs import Run, get_run
-from nbtrain.ui.live import LiveView
 from nbtrain.ui.text import runs_table, status_text
 
-_VIEWS: list[LiveView] = []  # live views of this kernel, closed when the extension unloads
+if TYPE_CHECKING:
+    from nbtrain.ui.dashboard import Dashboard
+
+_VIEWS: list[Dashboard] = []  # live views of this kernel, closed when the extension unloads
 
 
 def _parser(prog: str, description: str) -> MagicArgumentParser:
@@ -72,8 +75,16 @@ def _verb_stop(args: Any) -> None:
     print(f"run {run.id}: {st.describe()}")
 
 
-def _show(run: Run) -> LiveView:
-    view = LiveView(run)
+def _dashboard(run: Run) -> Dashboard:
+    from nbtrain.ui.dashboard import Dashboard  # plotly and ipywidgets load on first use, not at %load_ext
+
+    # NBTRAIN_DASHBOARD=static shows plain Plotly figures instead of widgets (no widget state in saved
+    # notebooks, for papermill/CI or frontends without ipywidgets).
+    return Dashboard(run, widget=os.environ.get("NBTRAIN_DASHBOARD", "widget") != "static")
+
+
+def _show(run: Run) -> Dashboard:
+    view = _dashboard(run)
     view.show()
     _VIEWS.append(view)
     return view
@@ -88,8 +99,12 @@ def _verb_wait(args: Any) -> None:
 
 
 def _wait(run: Run, timeout: float | None) -> None:
-    view = LiveView(run)
-    st = view.follow(timeout)
+    # Follow the dashboard this kernel already shows for the run, so that one (in the cell that
+    # started it) ends on the final state; a new one only when there is none.
+    shown = next((v for v in reversed(_VIEWS) if v.run == run and not v.finished), None)
+    st = (shown or _dashboard(run)).follow(timeout)
+    if shown is not None:
+        print(f"run {run.id}: {st.describe()}")
     if st.state == "failed":
         raise UsageError(run.failure_report(st))
 
@@ -107,6 +122,18 @@ def _verb_launch_function(args: Any) -> Any:
     if not args.no_view:
         _show(run)
     return run
+
+
+def _verb_compare(args: Any) -> Any:
+    from nbtrain.ui.figures import compare_figure
+
+    return compare_figure([get_run(r) for r in args.runs], key=args.key)
+
+
+def _verb_panel(args: Any) -> Any:
+    from nbtrain.ui.panel import ConfigPanel, panel
+
+    return ConfigPanel.from_run(args.run) if args.run else panel(None)
 
 
 def _verbs() -> dict[str, Verb]:
@@ -138,6 +165,13 @@ def _verbs() -> dict[str, Verb]:
                    help="when the kernel is not safe to fork: refuse (default) or run detached")  # fmt: skip
     p.add_argument("--no-view", action="store_true")
     v["launch-function"] = Verb(p, _verb_launch_function)
+    p = _parser("%finetune compare", "Overlay the loss curves of several runs on one chart.")
+    p.add_argument("runs", nargs="+", help="two or more runs")
+    p.add_argument("--key", default="loss", help="the metric to compare (default loss)")
+    v["compare"] = Verb(p, _verb_compare)
+    p = _parser("%finetune panel", "A form that builds a run config (and launches it) without YAML.")
+    p.add_argument("run", nargs="?", default=None, help="fill the form from this run's config")
+    v["panel"] = Verb(p, _verb_panel)
     return v
 
 

@@ -146,6 +146,12 @@ class Run:
 
         return pd.DataFrame(read_jsonl(self.paths.system))
 
+    def plot(self) -> Any:
+        """A static Plotly figure of the run (loss, lr, grad norm, tokens/s, memory per rank)."""
+        from nbtrain.ui.figures import run_plot
+
+        return run_plot(self)
+
     def logs(self, n: int = 40) -> str:
         return tail_text(self.paths.rank_log(0), n)
 

@@ -152,8 +152,25 @@ def check_key(key: str) -> str | None:
     return msg + f" (train: takes TRL SFTConfig / TrainingArguments names; {len(fields)} are known)"
 
 
+def yaml_number_hint(value: Any) -> str:
+    """PyYAML reads ``3e-4`` (no dot) as a string: say so, since the value looks right to a person."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        fixed = (
+            value
+            if "." in value.split("e")[0].split("E")[0]
+            else value.replace("e", ".0e", 1).replace("E", ".0E", 1)
+        )
+        return f" (YAML reads {value} as text; write {fixed} so it is a number)"
+    return ""
+
+
 def check_value(key: str, value: Any) -> str | None:
     spec = sft_fields()[key]
     if spec.accepts(value):
         return None
-    return f"{value!r} is not valid for {key}: expected {spec.expected()}"
+    hint = yaml_number_hint(value) if {"int", "float"} & set(spec.kinds) else ""
+    return f"{value!r} is not valid for {key}: expected {spec.expected()}{hint}"

@@ -192,3 +192,10 @@ def test_invalid_config_starts_nothing_and_writes_no_run_dir(workdir: Path) -> N
         nbtrain.finetune(lora_yaml().replace("max_steps: 30", "max_steps: -x"))
     nothing_started(workdir)
     assert nbtrain.runs() == []
+
+
+def test_exponent_without_a_dot_gets_a_yaml_hint(workdir: Path) -> None:
+    out = problems(lora_yaml().replace("3.0e-3", "3e-3") + "lora: {dropout: 5e-2}\n")
+    joined = "\n".join(out)
+    assert "YAML reads 3e-3 as text; write 3.0e-3" in joined
+    assert "YAML reads 5e-2 as text; write 5.0e-2" in joined

@@ -1,0 +1,332 @@
+"""The live Dashboard: one thread updating a FigureWidget from the run directory."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from nbtrain.ui.dashboard import PLOTLY_MIME, WIDGET_MIME, Dashboard
+from tests.ui.test_tail import RunFiles
+
+TIMEOUT = 10.0
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def trace(dash: Dashboard, name: str) -> Any:
+    assert dash.fig is not None
+    return next(t for t in dash.fig.data if t.name == name)
+
+
+class FakeHandle:
+    def __init__(self, bundle: dict[str, Any]) -> None:
+        self.bundles = [bundle]
+
+    def update(self, bundle: dict[str, Any], raw: bool = False) -> None:
+        assert raw
+        self.bundles.append(bundle)
+
+
+@pytest.fixture
+def displayed(monkeypatch: pytest.MonkeyPatch) -> list[FakeHandle]:
+    """What the dashboard displays, as a frontend would receive it (display and update_display)."""
+    handles: list[FakeHandle] = []
+
+    def display(bundle: dict[str, Any], raw: bool = False, display_id: bool = False) -> FakeHandle:
+        assert raw and display_id
+        json.dumps(bundle)  # a display bundle must be JSON: numpy arrays would break the kernel's send
+        handles.append(FakeHandle(bundle))
+        return handles[-1]
+
+    monkeypatch.setattr("IPython.display.display", display)
+    return handles
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Iterator[RunFiles]:
+    f = RunFiles(tmp_path / "run1", name="live-demo", max_steps=40)
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def dash(files: RunFiles) -> Iterator[Dashboard]:
+    d = Dashboard(files.run, interval=0.02)
+    yield d
+    d.close()
+
+
+def test_thread_updates_the_figure_widget_as_lines_are_appended(files: RunFiles, dash: Dashboard) -> None:
+    first = files.steps(1, 6)
+    dash.start()
+    wait_for(lambda: dash.fig is not None and len(trace(dash, "loss").x) == 5)
+    assert list(trace(dash, "loss").y) == [r["loss"] for r in first]
+    more = files.steps(6, 11)
+    wait_for(lambda: len(trace(dash, "loss").x) == 10)
+    assert list(trace(dash, "loss").y) == [r["loss"] for r in first + more]
+    assert list(trace(dash, "lr").y) == [r["lr"] for r in first + more]
+    # series that appear later get traces of their own
+    files.sample(0, 11.0, gpu_mem_peak=2.0 * 2**30)
+    files.step(11, eval_loss=1.25)
+    wait_for(lambda: dash.fig is not None and any(t.name == "eval_loss" for t in dash.fig.data))
+    assert list(trace(dash, "eval_loss").y) == [1.25]
+    wait_for(lambda: dash.fig is not None and any(t.name == "rank 0 GPU peak" for t in dash.fig.data))
+    wait_for(lambda: dash.header is not None and "step 11/40" in dash.header.value)
+    assert dash.error is None
+
+
+def test_no_update_is_sent_while_nothing_changes(files: RunFiles, dash: Dashboard) -> None:
+    files.steps(1, 4)
+    dash.start()
+    wait_for(lambda: dash.fig is not None and len(trace(dash, "loss").x) == 3)
+    updates = dash.updates
+    time.sleep(0.3)  # ~15 polls
+    assert dash.updates == updates
+
+
+@pytest.mark.parametrize(
+    ("state", "error", "bar"),
+    [
+        ("completed", None, "success"),
+        (
+            "failed",
+            {"type": "OutOfMemoryError", "message": "CUDA out of memory", "log_tail": "Traceback…"},
+            "danger",
+        ),
+        ("stopped", None, "warning"),
+    ],
+)
+def test_thread_stops_after_a_final_update_when_the_run_ends(
+    files: RunFiles, dash: Dashboard, state: str, error: dict[str, Any] | None, bar: str
+) -> None:
+    files.steps(1, 6)
+    dash.start()
+    wait_for(lambda: dash.fig is not None and len(trace(dash, "loss").x) == 5)
+    # the last lines come right before the final state, as a worker writes them
+    files.steps(6, 9)
+    files.status(state, step=8, error=error)
+    assert dash.thread is not None
+    dash.thread.join(TIMEOUT)
+    assert not dash.thread.is_alive()
+    assert dash.finished and dash.error is None
+    assert len(trace(dash, "loss").x) == 8
+    assert dash.header is not None and state in dash.header.value
+    assert dash.progress is not None and dash.progress.bar_style == bar and dash.progress.value == 8
+    if error:
+        assert "CUDA out of memory" in dash.header.value and "Traceback…" in dash.header.value
+
+
+def test_an_error_in_the_update_thread_is_shown_in_the_header_and_kept(
+    files: RunFiles, dash: Dashboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files.steps(1, 3)
+    dash.refresh()
+    calls = 0
+    real = dash.tail.poll
+
+    def poll(max_bytes: int | None = None) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("disk went away")
+        return real(max_bytes)
+
+    monkeypatch.setattr(dash.tail, "poll", poll)
+    dash.start()
+    assert dash.thread is not None
+    dash.thread.join(TIMEOUT)
+    assert not dash.thread.is_alive()
+    assert dash.error is not None and "RuntimeError: disk went away" in dash.error
+    assert dash.header is not None
+    assert "live view stopped by an error" in dash.header.value and "disk went away" in dash.header.value
+
+
+def test_follow_blocks_until_the_run_ends_and_returns_its_final_status(
+    files: RunFiles, dash: Dashboard, displayed: list[FakeHandle]
+) -> None:
+    files.steps(1, 3)
+
+    def worker() -> None:
+        time.sleep(0.2)
+        files.steps(3, 21)
+        files.status("completed", step=20)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    st = dash.follow(timeout=TIMEOUT)
+    t.join()
+    assert st.state == "completed"
+    assert dash.thread is None  # all of it ran in the foreground
+    assert len(trace(dash, "loss").x) == 20
+    final = displayed[0].bundles[-1]
+    assert WIDGET_MIME not in final
+    assert "completed" in final["text/plain"]
+
+
+def test_follow_timeout_raises_and_leaves_the_view_live(
+    files: RunFiles, dash: Dashboard, displayed: list[FakeHandle]
+) -> None:
+    files.steps(1, 3)
+    with pytest.raises(TimeoutError, match="still running"):
+        dash.follow(timeout=0.1)
+    assert dash.thread is not None and dash.thread.is_alive()
+    files.steps(3, 5)
+    wait_for(lambda: len(trace(dash, "loss").x) == 4)
+    files.status("completed", step=4)
+    dash.thread.join(TIMEOUT)
+    assert dash.finished
+
+
+def test_close_stops_the_thread(files: RunFiles, dash: Dashboard) -> None:
+    dash.start()
+    wait_for(lambda: dash.fig is not None)
+    dash.close()
+    assert dash.thread is not None and not dash.thread.is_alive()
+    files.steps(1, 3)
+    time.sleep(0.1)
+    assert len(trace(dash, "loss").x) == 0
+
+
+def test_show_displays_the_widget_with_static_fallbacks_then_leaves_a_static_final_figure(
+    files: RunFiles, dash: Dashboard, displayed: list[FakeHandle]
+) -> None:
+    files.steps(1, 4)
+    dash.show()
+    (handle,) = displayed
+    first = handle.bundles[0]
+    assert dash.box is not None
+    assert first[WIDGET_MIME]["model_id"] == dash.box.model_id
+    assert PLOTLY_MIME in first and "text/html" in first and "text/plain" in first
+    files.steps(4, 8)
+    files.status("completed", step=7)
+    assert dash.thread is not None
+    dash.thread.join(TIMEOUT)
+    final = handle.bundles[-1]
+    assert WIDGET_MIME not in final
+    loss = next(t for t in final[PLOTLY_MIME]["data"] if t["name"] == "loss")
+    assert loss["x"]["dtype"] == "f8"  # plotly's typed-array encoding
+    assert "completed" in final[PLOTLY_MIME]["layout"]["title"]["text"]
+    assert "cdn.plot.ly" in final["text/html"]
+    # the widgets are closed: their models are freed in the kernel and the frontend
+    assert dash.fig is not None and dash.fig.comm is None and dash.box.comm is None
+    assert len(trace(dash, "loss").x) == 7
+
+
+def test_show_of_a_finished_run_displays_only_a_static_figure(
+    files: RunFiles, displayed: list[FakeHandle]
+) -> None:
+    files.steps(1, 6)
+    files.status("completed", step=5)
+    dash = Dashboard(files.run)
+    dash.show()
+    (handle,) = displayed
+    assert WIDGET_MIME not in handle.bundles[0] and PLOTLY_MIME in handle.bundles[0]
+    assert dash.thread is None and dash.fig is None
+    assert dash.follow().state == "completed"
+
+
+def test_showing_a_long_finished_run_returns_at_once_and_loads_it_in_the_background(
+    files: RunFiles, displayed: list[FakeHandle]
+) -> None:
+    files.steps(1, 2001)
+    files.status("completed", step=2000)
+    dash = Dashboard(files.run, interval=0.02, chunk_bytes=20_000)
+    dash.show()
+    (handle,) = displayed
+    assert WIDGET_MIME in handle.bundles[0]  # still loading: live until the history is complete
+    assert 0 < len(trace(dash, "loss").x) < 2000
+    assert dash.thread is not None
+    dash.thread.join(TIMEOUT)
+    assert dash.finished and dash.error is None
+    assert len(trace(dash, "loss").x) == 2000
+    assert WIDGET_MIME not in handle.bundles[-1]
+
+
+def test_static_mode_redisplays_the_figure_without_widgets(
+    files: RunFiles, displayed: list[FakeHandle]
+) -> None:
+    files.steps(1, 3)
+    dash = Dashboard(files.run, interval=0.02, widget=False, static_interval=0.05)
+    dash.show()
+    (handle,) = displayed
+    files.steps(3, 6)
+    wait_for(lambda: len(handle.bundles) > 1)
+    files.status("completed", step=5)
+    assert dash.thread is not None
+    dash.thread.join(TIMEOUT)
+    assert dash.fig is None
+    assert all(WIDGET_MIME not in b for b in handle.bundles)
+    loss = next(t for t in handle.bundles[-1][PLOTLY_MIME]["data"] if t["name"] == "loss")
+    assert "completed" in handle.bundles[-1]["text/plain"] and loss["x"]["bdata"]
+
+
+def test_importing_the_dashboard_does_not_import_the_training_stack() -> None:
+    code = (
+        "import sys, nbtrain.ui.dashboard, nbtrain.ui.figures, nbtrain.ui.tail\n"
+        "print([m for m in ('torch', 'transformers', 'bitsandbytes', 'peft', 'trl') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+NOTEBOOK_SETUP = """\
+import math, time
+from pathlib import Path
+from nbtrain.rundir import JsonlWriter, RunPaths, atomic_write_json, write_status
+from nbtrain.runs import Run
+from nbtrain.ui.dashboard import Dashboard
+p = RunPaths(Path({root!r})); p.make()
+atomic_write_json(p.resolved, {{"config": {{}}, "name": "headless"}})
+write_status(p, "running", step=0, max_steps=40)
+m = JsonlWriter(p.metrics, "metrics")
+def write(a, b):
+    for i in range(a, b):
+        m.write({{"t": time.time(), "step": i, "loss": 3 / math.sqrt(i), "lr": 1e-3}})
+write(1, 21)
+d = Dashboard(Run(p.root), interval=0.05)
+d.show()
+"""
+
+
+def test_notebook_executed_headless_keeps_a_static_figure_of_the_final_state(tmp_path: Path) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    cells = [
+        NOTEBOOK_SETUP.format(root=str(tmp_path / "run")),
+        # the run ends while a later cell runs; the dashboard's thread finishes on its own
+        "write(21, 41); time.sleep(0.3); write_status(p, 'completed', step=40)\n"
+        "deadline = time.monotonic() + 30\n"
+        "while not d.finished and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "time.sleep(0.5)  # let the last display update reach the client",
+        "print(d.finished, d.error)",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(textwrap.dedent(c)) for c in cells])
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    (out,) = nb.cells[0].outputs
+    assert WIDGET_MIME not in out["data"]
+    fig = out["data"][PLOTLY_MIME]
+    assert "completed" in fig["layout"]["title"]["text"] and "step 40/40" in fig["layout"]["title"]["text"]
+    loss = next(t for t in fig["data"] if t["name"] == "loss")
+    steps = np.frombuffer(base64.b64decode(loss["x"]["bdata"]), dtype=loss["x"]["dtype"])
+    assert list(steps) == list(range(1, 41))
+    assert "cdn.plot.ly" in out["data"]["text/html"]
+    assert nb.cells[1].outputs == []  # nothing from the thread leaked into the cell that was running
+    assert nb.cells[2].outputs[0]["text"] == "True None\n"

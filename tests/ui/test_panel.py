@@ -1,0 +1,624 @@
+"""The widget config panel, driven from code: fields -> YAML, inline errors, preview, and its buttons."""
+
+from __future__ import annotations
+
+import html
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import yaml
+
+from nbtrain import api
+from nbtrain.config import DistributedSettings, load_config
+from nbtrain.errors import ConfigError
+from nbtrain.runs import Run, create_run_dir
+from nbtrain.testing import CHAT_TEMPLATE, write_dataset
+from nbtrain.trainargs import sft_fields
+from nbtrain.ui.panel import (
+    UNSET,
+    ConfigPanel,
+    data_preview,
+    find_chat_template,
+    format_scalar,
+    panel,
+    parse_scalar,
+    validate,
+)
+from tests.conftest import lora_yaml
+
+
+@pytest.fixture
+def make_panel() -> Iterator[type[ConfigPanel]]:
+    """ConfigPanel, with every panel made in the test closed afterwards (threads, live views)."""
+    made: list[ConfigPanel] = []
+
+    class Tracked(ConfigPanel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    yield Tracked
+    for p in made:
+        p.close()
+
+
+def _settled(p: ConfigPanel) -> ConfigPanel:
+    assert p.settle(60), "the panel's background check did not finish"
+    return p
+
+
+def _fill_basic(p: ConfigPanel) -> None:
+    p.fields["model"].value = "./tiny-llama"
+    p.fields["data.train"].value = "data/add.jsonl"
+
+
+# ------------------------------------------------------------------------------------ YAML from form
+
+
+def test_empty_form_marks_model_and_data_as_required(make_panel: type[ConfigPanel]) -> None:
+    p = _settled(make_panel())
+    assert p.errors == {"model": "required key is missing", "data.train": "required key is missing"}
+    assert "required key is missing" in p.error_labels["model"].value
+
+
+def test_yaml_holds_only_the_fields_that_were_set_in_schema_order(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    p = make_panel()
+    p.fields["train.learning_rate"].value = "3e-4"  # Python syntax; YAML 1.1 alone would read a string
+    p.fields["name"].value = "adder"
+    p.fields["train.max_steps"].value = "3"
+    _fill_basic(p)
+    p.fields["precision"].value = "fp32"
+    expected = (
+        "model: ./tiny-llama\n"
+        "data:\n"
+        "  train: data/add.jsonl\n"
+        "train:\n"
+        "  max_steps: 3\n"
+        "  learning_rate: 0.0003\n"
+        "precision: fp32\n"
+        "name: adder\n"
+    )
+    assert p.to_yaml() == expected
+    assert html.escape(expected) in p.yaml_view.value
+    assert _settled(p).errors == {} and p.general_errors == []
+    cfg = load_config(p.to_yaml()).config
+    assert cfg.train == {"max_steps": 3, "learning_rate": 0.0003} and cfg.precision == "fp32"
+
+
+def test_a_dropdown_the_user_set_is_written_even_at_its_default(make_panel: type[ConfigPanel]) -> None:
+    p = make_panel()
+    assert "method" not in p.to_dict()
+    p.fields["method"].value = "full"
+    p.fields["method"].value = "lora"
+    assert p.to_dict()["method"] == "lora"
+
+
+def test_emptying_a_field_removes_its_key(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    p = make_panel(lora_yaml(5))
+    p.fields["train.max_steps"].value = ""
+    assert "max_steps" not in p.to_dict()["train"]
+
+
+def test_lora_fields_hidden_and_not_written_for_full_fine_tuning(make_panel: type[ConfigPanel]) -> None:
+    p = make_panel()
+    p.fields["lora.r"].value = "16"
+    assert p.to_dict()["lora"] == {"r": 16}
+    p.fields["method"].value = "full"
+    assert "lora" not in p.to_dict()
+    assert p.groups["LoRA"].layout.display == "none"
+    p.fields["method"].value = "lora"
+    assert p.to_dict()["lora"] == {"r": 16} and p.groups["LoRA"].layout.display == ""
+
+
+def test_qlora_bits_shown_only_for_qlora(make_panel: type[ConfigPanel]) -> None:
+    p = make_panel()
+    assert p.groups["QLoRA"].layout.display == "none"
+    p.fields["method"].value = "qlora"
+    assert p.groups["QLoRA"].layout.display == ""
+    p.fields["quantization.bits"].value = 8
+    assert p.to_dict()["quantization"] == {"bits": 8}
+    p.fields["method"].value = "lora"
+    assert p.groups["QLoRA"].layout.display == "none" and "quantization" not in p.to_dict()
+
+
+def test_distributed_strategy_offers_the_schemas_strategies_and_writes_only_a_choice(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    p = make_panel(lora_yaml(3))
+    w = p.fields["distributed.strategy"]
+    assert not w.disabled and w.value == "auto"
+    assert [v for _, v in w.options] == list(
+        get_args(DistributedSettings.model_fields["strategy"].annotation)
+    )
+    assert "distributed" not in p.to_dict()
+    w.value = "zero2"
+    assert p.to_dict()["distributed"] == {"strategy": "zero2"}
+    assert _settled(p).errors == {}
+    p.fields["method"].value = "qlora"
+    w.value = "zero3"
+    errors = _settled(p).errors
+    assert errors["distributed.strategy"].startswith("method: qlora cannot combine with zero3 here")
+
+
+def test_lr_scheduler_suggestions_come_from_sft_config(make_panel: type[ConfigPanel]) -> None:
+    p = make_panel()
+    assert tuple(p.fields["train.lr_scheduler_type"].options) == sft_fields()["lr_scheduler_type"].choices
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        3,
+        -1,
+        1000000,
+        0.1,
+        3e-05,
+        1e20,
+        2.0,
+        True,
+        False,
+        None,
+        "cosine",
+        "10",
+        "1e5",
+        "a, b",
+        "",
+        [1, "x"],
+    ],
+)
+def test_scalar_boxes_keep_value_and_type(value: object) -> None:
+    back = parse_scalar(format_scalar(value))
+    assert back == value and type(back) is type(value)
+
+
+def test_scalar_box_reads_empty_as_unset_and_python_numbers_as_numbers() -> None:
+    assert parse_scalar("  ") is UNSET
+    assert parse_scalar("3e-4") == 0.0003 and parse_scalar("1_000") == 1000
+    assert parse_scalar("linear") == "linear" and parse_scalar("null") is None
+    assert parse_scalar("1__0") == yaml.safe_load("1__0")  # not a Python number: YAML reads it, no error
+
+
+# -------------------------------------------------------------------------------------- inline errors
+
+
+def test_missing_data_file_marks_the_data_field(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    p = make_panel()
+    _fill_basic(p)
+    p.fields["data.train"].value = "data/missing.jsonl"
+    errors = _settled(p).errors
+    assert list(errors) == ["data.train"]
+    assert errors["data.train"].startswith("data file not found:")
+    assert "data file not found" in p.error_labels["data.train"].value
+    assert "nbtrain-invalid" in p.fields["data.train"]._dom_classes
+
+
+def test_bad_lr_scheduler_is_rejected_inline_then_cleared_when_fixed(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    p = make_panel(lora_yaml(5))
+    p.fields["train.lr_scheduler_type"].value = "cosine_restarts"
+    errors = _settled(p).errors
+    expected = {x.path: x.message for x in validate(p.to_yaml())}
+    assert errors == expected
+    assert errors["train.lr_scheduler_type"].startswith(
+        "'cosine_restarts' is not valid for lr_scheduler_type"
+    )
+    p.fields["train.lr_scheduler_type"].value = "cosine_with_restarts"
+    assert _settled(p).errors == {} and p.general_errors == []
+    assert p.error_labels["train.lr_scheduler_type"].value == ""
+    assert "nbtrain-invalid" not in p.fields["train.lr_scheduler_type"]._dom_classes
+
+
+def test_inline_errors_are_the_yaml_validators_messages(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    p = make_panel(lora_yaml(5))
+    p.fields["lora.r"].value = "0"
+    p.fields["lora.target_modules"].value = "q_proj"  # a bare name is not a list: the validator says so
+    p.fields["train.learning_rate"].value = "fast"
+    p.fields["data.eval_split"].value = "2"
+    p.fields["name"].value = "bad name!"
+    errors = _settled(p).errors
+    problems = validate(p.to_yaml())
+    assert {x.path for x in problems} == {
+        "lora.r",
+        "lora.target_modules",
+        "train.learning_rate",
+        "data.eval_split",
+        "name",
+    }
+    assert errors == {x.path: x.message for x in problems}
+
+
+def test_problem_without_a_field_goes_to_the_general_area(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    p = make_panel(lora_yaml(5, extra="  lerning_rate: 0.1\n"))
+    _settled(p)
+    assert p.errors == {}
+    assert len(p.general_errors) == 1
+    assert p.general_errors[0].startswith("train.lerning_rate: unknown key 'lerning_rate'; did you mean")
+    assert "lerning_rate" in p.error_area.value
+
+
+def test_rapid_edits_settle_on_the_last_one(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    p = make_panel(lora_yaml(5), debounce=0.2)
+    for bad in ("a", "b", "c", "d"):
+        p.fields["train.max_steps"].value = bad
+    p.fields["train.max_steps"].value = "7"
+    assert _settled(p).errors == {}
+    assert p.to_dict()["train"]["max_steps"] == 7
+
+
+# ---------------------------------------------------------------------------------------- round trip
+
+ROUND_TRIPS = {
+    "lora": lora_yaml(),
+    "full-every-training-field": """\
+model: ./tiny-llama
+method: full
+data:
+  train: data/add.jsonl
+  format: messages
+  eval_split: 0.1
+train:
+  max_steps: 5
+  num_train_epochs: 2
+  learning_rate: 1.0e-4
+  per_device_train_batch_size: 2
+  gradient_accumulation_steps: 4
+  max_length: null
+  lr_scheduler_type: cosine
+  warmup_steps: 2
+precision: fp32
+name: adder-full
+""",
+    "lora-settings": """\
+name: lora-adder
+model: ./tiny-llama
+data: {train: data/add.jsonl}
+lora:
+  r: 16
+  alpha: 32
+  dropout: 0.0
+  target_modules: [q_proj, v_proj]
+  bias: none
+trust_remote_code: false
+""",
+    "lora-null": """\
+model: ./tiny-llama
+method: lora
+data: {train: data/add.jsonl, max_samples: 50}
+lora: null
+train: {}
+""",
+    "single-target": """\
+model: ./tiny-llama
+data: {train: data/add.jsonl}
+lora: {target_modules: [q_proj]}
+precision: auto
+""",
+    "distributed": """\
+model: ./tiny-llama
+data: {train: data/add.jsonl}
+distributed:
+  strategy: ddp
+  num_processes: 2
+  launcher: torchrun
+""",
+    "invalid-but-representable": """\
+model: ./tiny-llama
+method: lorra
+data: {train: data/add.jsonl, format: jsonl}
+train: {lerning_rate: 0.1, lr_scheduler_type: cosine_restarts, max_steps: '10'}
+surprise: {a: 1}
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_TRIPS))
+def test_yaml_to_panel_to_yaml_is_identical(name: str, workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    text = ROUND_TRIPS[name]
+    p = make_panel.from_yaml(text, debounce=3600)
+    assert p.to_dict() == yaml.safe_load(text)
+    assert yaml.safe_load(p.to_yaml()) == yaml.safe_load(text)
+    again = make_panel.from_yaml(p.to_yaml(), debounce=3600)
+    assert again.to_yaml() == p.to_yaml()
+    if name != "invalid-but-representable":
+        assert validate(p.to_yaml()) == []
+
+
+def test_qlora_round_trip(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    text = lora_yaml(5, method="qlora", extra="quantization:\n  bits: 8\n  quant_type: nf4\n")
+    p = make_panel.from_yaml(text, debounce=3600)
+    assert p.fields["quantization.bits"].value == 8
+    assert p.to_dict() == yaml.safe_load(text)
+
+
+def test_invalid_choice_from_yaml_is_shown_and_flagged(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    p = _settled(make_panel(ROUND_TRIPS["invalid-but-representable"]))
+    assert p.fields["method"].value == "lorra"
+    assert p.errors["method"].startswith("'lorra' is not allowed; did you mean 'lora'?")
+    assert "data.format" in p.errors and "train.lr_scheduler_type" in p.errors
+
+
+def test_from_yaml_rejects_text_that_is_not_a_mapping(make_panel: type[ConfigPanel]) -> None:
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        make_panel.from_yaml("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="YAML syntax error"):
+        make_panel.from_yaml("model: [unclosed\n")
+
+
+def test_panel_function_accepts_yaml_dict_path_and_run(workdir: Path) -> None:
+    (workdir / "cfg.yaml").write_text(lora_yaml(4))
+    made = [panel(), panel(lora_yaml(4)), panel(yaml.safe_load(lora_yaml(4))), panel("cfg.yaml")]
+    try:
+        assert made[0].to_dict() == {"data": {}}
+        assert all(p.to_dict() == yaml.safe_load(lora_yaml(4)) for p in made[1:])
+    finally:
+        for p in made:
+            p.close()
+
+
+# ----------------------------------------------------------------------------------------- preview
+
+
+def test_preview_shows_normalised_messages_role_by_role(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    write_dataset(workdir / "data" / "alpaca.jsonl", "alpaca", 5)
+    p = make_panel()
+    _fill_basic(p)
+    p.fields["data.train"].value = "data/alpaca.jsonl"
+    first = json.loads((workdir / "data" / "alpaca.jsonl").read_text().splitlines()[0])
+    value = _settled(p).preview.value
+    assert value.count("<b>row ") == 3
+    assert ">user</span>" in value and ">assistant</span>" in value
+    assert html.escape(first["instruction"]) in value and html.escape(first["output"]) in value
+    # and rendered with the tiny model's chat template, {% generation %} tag included
+    assert html.escape(f"<|user|>\n{first['instruction']}<|end|>\n<|assistant|>\n{first['output']}") in value
+
+
+def test_preview_marks_the_trained_text_with_assistant_only_loss(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    p = make_panel(lora_yaml(5, extra="  assistant_only_loss: true\n"))
+    first = json.loads((workdir / "data" / "add.jsonl").read_text().splitlines()[0])
+    answer = first["messages"][1]["content"]
+    value = _settled(p).preview.value
+    assert f"<mark>{html.escape(answer)}&lt;|end|&gt;</mark>" in value
+    assert "what the loss is computed on" in value
+
+
+def test_preview_of_plain_text_rows_and_bad_rows(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    write_dataset(workdir / "data" / "text.jsonl", "text", 3)
+    pv = data_preview({"model": "./tiny-llama", "data": {"train": "data/text.jsonl"}}, workdir)
+    assert [r.format for r in pv.rows] == ["text"] * 3 and pv.rows[0].example is not None
+    assert pv.rows[0].segments is None  # plain text is not chat-templated
+    (workdir / "data" / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    pv = data_preview({"data": {"train": "data/bad.jsonl", "format": "messages"}}, workdir)
+    assert pv.rows[0].error == "messages has no assistant turn, so there is nothing to learn"
+    pv = data_preview({"data": {"train": "data/none.jsonl"}}, workdir)
+    assert pv.rows == [] and pv.note is not None and "does not exist" in pv.note
+
+
+def test_chat_template_from_tokenizer_config(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    tpl = "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{{ eos_token }}"
+    (model / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": [
+                    {"name": "tool_use", "template": "x"},
+                    {"name": "default", "template": tpl},
+                ],
+                "bos_token": "<s>",
+                "eos_token": {"content": "</s>", "special": True},
+                "add_bos_token": True,
+            }
+        )
+    )
+    t = find_chat_template(model)
+    assert t is not None and t.origin == "tokenizer_config.json"
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert t.render(msgs) == "<s>[user] hi\n[assistant] yo\n</s>"
+    assert find_chat_template(tmp_path) is None
+
+
+@pytest.mark.slow
+def test_preview_template_matches_transformers_apply_chat_template(tiny_model: Path) -> None:
+    msgs = [
+        {"role": "system", "content": "You add numbers."},
+        {"role": "user", "content": "What is 1 + 2?"},
+        {"role": "assistant", "content": "1 + 2 = 3"},
+        {"role": "user", "content": "And 2 + 2?"},
+        {"role": "assistant", "content": "2 + 2 = 4"},
+    ]
+    # transformers only in a child process: this test process stays as light as a kernel.
+    code = (
+        "import json, sys\nfrom transformers import AutoTokenizer\n"
+        "tok = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+        "print(json.dumps(tok.apply_chat_template(json.loads(sys.argv[2]), tokenize=False)))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_model), json.dumps(msgs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = json.loads(proc.stdout.strip().splitlines()[-1])
+    t = find_chat_template(tiny_model)
+    assert t is not None and t.source == CHAT_TEMPLATE
+    assert t.render(msgs) == expected
+
+
+# ----------------------------------------------------------------------------------------- buttons
+
+
+def _wait_for_live_view(p: ConfigPanel, state: str, timeout: float = 15) -> None:
+    """The panel's live view follows the run from its own thread (one update a second)."""
+    deadline = time.monotonic() + timeout
+    while f">{state}</span>" not in p.live.value:
+        assert time.monotonic() < deadline, p.live.value
+        time.sleep(0.2)
+
+
+def _wait_for_step(run: Run, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = run.status()
+        assert not st.done, run.failure_report(st)
+        if st.state == "running" and st.step >= 1:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"run {run.id} did not reach step 1: {run.status().describe()}")
+
+
+@pytest.mark.slow
+def test_launch_starts_a_real_run_that_completes(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    p = make_panel(lora_yaml(3))
+    p.launch_button.click()
+    assert p.general_errors == []
+    run = p.run
+    assert run is not None
+    assert run.paths.config.read_text() == p.to_yaml()  # the run records the panel's YAML as written
+    assert p.view is not None and p.view.run == run
+    assert run.id in p.status_message
+    st = run.wait(timeout=180)
+    assert st.state == "completed" and st.step == 3
+    assert api.last_run() == run
+    _wait_for_live_view(p, "completed")
+    assert "loss" in p.live.value
+
+
+@pytest.mark.slow
+def test_stop_ends_a_long_run_as_stopped(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    p = make_panel(lora_yaml(100000))
+    p.launch_button.click()
+    run = p.run
+    assert run is not None, p.general_errors
+    _wait_for_step(run)
+    started = time.monotonic()
+    p.stop_button.click()
+    assert time.monotonic() - started < 5, "Stop must not block the kernel while the run winds down"
+    assert p.settle(120)
+    assert run.status().state == "stopped"
+    assert p.general_errors == []
+    assert "stopped" in p.status_message
+    _wait_for_live_view(p, "stopped")
+
+
+def test_launch_of_an_invalid_config_shows_errors_and_starts_nothing(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    p = make_panel(lora_yaml(3))
+    p.fields["data.train"].value = "data/missing.jsonl"
+    p.launch_button.click()
+    assert p.run is None
+    assert p.general_errors[0].startswith("Invalid nbtrain config: 1 problem. Nothing was started.")
+    assert p.errors["data.train"].startswith("data file not found")
+    assert api.runs() == []
+
+
+def test_stop_without_a_launched_run_says_so(make_panel: type[ConfigPanel]) -> None:
+    p = make_panel()
+    p.stop_button.click()
+    assert p.general_errors == ["no run was launched from this panel yet; Launch one first"]
+
+
+@pytest.fixture
+def shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    cfg = Config()
+    cfg.HistoryManager.hist_file = ":memory:"
+    sh = InteractiveShell.instance(config=cfg)
+    try:
+        yield sh
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_to_cell_puts_a_finetune_cell_in_the_next_input(
+    workdir: Path, make_panel: type[ConfigPanel], shell: Any
+) -> None:
+    from nbtrain.magics import load_ipython_extension
+
+    p = make_panel(lora_yaml(3))
+    p.to_cell_button.click()
+    assert p.general_errors == []
+    text = shell.rl_next_input
+    assert text == "%%finetune\n" + p.to_yaml()
+    # the cell it makes is one the magic accepts
+    load_ipython_extension(shell)
+    result = shell.run_cell(text.replace("%%finetune", "%%finetune --dry-run", 1))
+    assert result.error_in_exec is None and isinstance(result.result, api.Prepared)
+
+
+def test_to_cell_without_ipython_reports_it(make_panel: type[ConfigPanel]) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    assert not InteractiveShell.initialized()
+    p = make_panel()
+    p.to_cell_button.click()
+    assert p.general_errors == ["'To cell' needs IPython or Jupyter; copy the YAML shown above instead"]
+
+
+def test_load_fills_the_form_from_a_runs_config(workdir: Path, make_panel: type[ConfigPanel]) -> None:
+    text = lora_yaml(7, extra="lora:\n  r: 4\n  target_modules: all-linear\nname: adder\n")
+    prep = api.prepare(text)
+    run = create_run_dir(prep.name, prep.resolved.text, prep.to_dict())  # registered, never started
+    p = make_panel()
+    p.load_ref.value = "adder"
+    p.load_button.click()
+    assert p.general_errors == [] and run.id in p.status_message
+    d = p.to_dict()
+    assert d["model"] == str((workdir / "tiny-llama").resolve()) and d["data"]["train"] == str(
+        workdir / "data/add.jsonl"
+    )
+    assert d["lora"] == {"r": 4, "target_modules": "all-linear"}
+    assert d["train"] == prep.resolved.config.train and d["name"] == "adder"
+    assert "method" not in d and "quantization" not in d  # defaults stay out of the YAML
+    assert load_config(p.to_yaml()).config == prep.resolved.config
+    assert _settled(p).errors == {}
+
+
+def test_load_of_an_unknown_run_shows_the_error(make_panel: type[ConfigPanel]) -> None:
+    p = make_panel()
+    p.load_ref.value = "no-such-run"
+    p.load_button.click()
+    assert len(p.general_errors) == 1 and p.general_errors[0].startswith("no run matches 'no-such-run'")
+    p.load_ref.value = ""
+    p.load_button.click()
+    assert p.general_errors == ["type a run id, id prefix or name next to Load"]
+
+
+# ------------------------------------------------------------------------------------------ imports
+
+
+def test_panel_imports_no_torch_transformers_or_bitsandbytes(workdir: Path) -> None:
+    (workdir / "cfg.yaml").write_text(lora_yaml(3))
+    code = (
+        "import sys\n"
+        "from nbtrain.ui.panel import ConfigPanel\n"
+        "p = ConfigPanel(open('cfg.yaml').read())\n"
+        "assert p.settle(120) and p.errors == {}, p.errors\n"
+        "assert 'as the model sees it' in p.preview.value\n"
+        "p.close()\n"
+        "print([m for m in ('torch', 'transformers', 'bitsandbytes', 'trl', 'peft') if m in sys.modules])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
