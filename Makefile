@@ -4,8 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 # Re-install when the dependency list changes.
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-# DeepSpeed compiles C++ ops on first use; keep them in one cache that tests and CI reuse.
-export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
+# DeepSpeed compiles C++ ops on first use (60-120 s each); one cache per machine that tests and CI reuse.
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/nbtrain/torch_extensions
 
 .PHONY: install demo test lint typecheck pytest bench clean
 

@@ -31,8 +31,8 @@ from nbtrain.errors import NbtrainError
 from nbtrain.hardware import Hardware, probe
 from nbtrain.launch import LaunchFailed, spawn, worker_env
 from nbtrain.plan import Plan, make_plan, train_args
-from nbtrain.rundir import write_status
-from nbtrain.runs import Run, all_runs, create_run_dir, get_run
+from nbtrain.rundir import METRICS_SCHEMA, atomic_write_json, atomic_write_text, read_jsonl, write_status
+from nbtrain.runs import Run, all_runs, create_run_dir, get_run, last_checkpoint
 
 _LAST: list[Run] = []
 
@@ -154,13 +154,27 @@ def _submit_slurm(prep: Prepared, run: Run) -> Run:
 
 
 def start(prep: Prepared) -> Run:
-    """Create the run directory, register it and start the detached worker(s)."""
+    """Create the run directory, register it and start the detached worker(s).
+
+    With ``resume: auto`` and an earlier run of the same name that stopped or failed after saving a
+    checkpoint, that run is resumed instead of starting over.
+    """
+    if prep.resolved.config.resume == "auto":
+        earlier = _resumable(prep.name)
+        if earlier is not None:
+            print(f"nbtrain: resume: auto -> resuming {earlier.id} from its last complete checkpoint")
+            return resume(earlier)
     run = create_run_dir(prep.name, prep.resolved.text, prep.to_dict())
     write_launch_files(prep.plan, run.dir)
     d = prep.resolved.config.distributed
     if prep.plan.nodes > 1 and d.slurm is not None and d.hostfile is None:
         _LAST.append(run)
         return _submit_slurm(prep, run)
+    return _launch(prep, run)
+
+
+def _launch(prep: Prepared, run: Run) -> Run:
+    d = prep.resolved.config.distributed
     port = d.master_port or free_port()
     try:
         commands = _commands(prep, run, port)
@@ -176,6 +190,62 @@ def start(prep: Prepared) -> Run:
     registry.update(run.id, state="starting", pid=result.pid)
     _LAST.append(run)
     return run
+
+
+def _resumable(name: str) -> Run | None:
+    for row in reversed(registry.rows()):
+        if row.name != name:
+            continue
+        run = Run(row.run_dir, run_id=row.id, name=row.name)
+        if run.paths.root.is_dir() and run.status().state in ("stopped", "failed") and last_checkpoint(run):
+            return run
+        return None  # only the newest run of that name is a candidate
+    return None
+
+
+def resume(ref: str | Path | Run) -> Run:
+    """Continue a stopped or failed run from its last *complete* checkpoint, in the same run directory.
+
+    The Trainer restores weights, optimizer, scheduler, RNG state and the data position. Metrics the
+    earlier attempt logged after that checkpoint are moved to ``metrics.attempt<N>.jsonl`` (kept,
+    marked, not mixed into the curve). Incomplete checkpoints (killed while written) are deleted.
+    """
+    run = get_run(ref)
+    st = run.status()
+    if not st.done:
+        raise NbtrainError(f"run {run.id} is {st.state}; stop it before resuming")
+    if st.state == "completed":
+        raise NbtrainError(f"run {run.id} completed; nothing to resume (start a new run to train further)")
+    ckpt = last_checkpoint(run, prune=True)
+    if ckpt is None:
+        raise NbtrainError(f"run {run.id} has no complete checkpoint to resume from; start it again")
+    step = int(ckpt.name.split("-")[1])
+    resolved = run.resolved
+    attempt = int(resolved.get("resume", {}).get("attempt", 1)) + 1
+    _set_aside_metrics(run, step, attempt - 1)
+    prep = prepare(resolved["config"], name=run.name)
+    new_resolved = {**resolved, "resume": {"from": str(ckpt), "step": step, "attempt": attempt}}
+    atomic_write_json(run.paths.resolved, new_resolved)
+    write_launch_files(prep.plan, run.dir)
+    for f in ("stop", "checkpoint"):
+        run.paths.control_file(f).unlink(missing_ok=True)
+    write_status(run.paths, "queued", step=step, resumed_from=step, attempt=attempt)
+    return _launch(prep, run)
+
+
+def _set_aside_metrics(run: Run, step: int, attempt: int) -> None:
+    """Keep metrics up to ``step``; move later ones (the lost part of the attempt) to their own file."""
+    keep: list[dict[str, Any]] = []
+    later: list[dict[str, Any]] = []
+    for rec in read_jsonl(run.paths.metrics):
+        (later if rec.get("step", 0) > step else keep).append(rec)
+    if later:
+        with open(run.dir / f"metrics.attempt{attempt}.jsonl", "a", encoding="utf-8") as f:
+            for rec in later:
+                f.write(json.dumps({**rec, "superseded_by_resume_at": step}) + "\n")
+    header = json.dumps({"schema": METRICS_SCHEMA, "kind": "metrics"})
+    text = "\n".join([header, *(json.dumps(r) for r in keep)]) + "\n"
+    atomic_write_text(run.paths.metrics, text)
 
 
 def finetune(config: str | Path | dict[str, Any], name: str | None = None) -> Run:

@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("stop", help="stop a run after its current step")
     q.add_argument("run")
     q.add_argument("--timeout", type=float, default=60.0)
+    q = sub.add_parser("checkpoint", help="save a checkpoint after the current step")
+    q.add_argument("run")
+    q = sub.add_parser("resume", help="continue a stopped or failed run from its last checkpoint")
+    q.add_argument("run")
+    q.add_argument("--wait", action="store_true")
     q = sub.add_parser("tiny-model", help="build the tiny local test model")
     q.add_argument("dir")
     q = sub.add_parser("example-data", help="write the addition example dataset")
@@ -99,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd in ("wait", "attach"):
             return _follow(get_run(args.run), args.timeout, quiet=args.cmd == "wait")
+        if args.cmd == "checkpoint":
+            get_run(args.run).checkpoint()
+            print("checkpoint requested")
+            return 0
+        if args.cmd == "resume":
+            run = api.resume(args.run)
+            print(f"resumed {run.id}")
+            return _follow(run, None) if args.wait else 0
         if args.cmd == "tiny-model":
             print(api.make_tiny_model(args.dir))
             return 0

@@ -117,6 +117,7 @@ class RunConfig(_Strict):
     lora: LoraSettings | None = None
     quantization: QuantSettings | None = None
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    resume: Literal["never", "auto"] = "never"
     distributed: DistributedSettings = Field(default_factory=lambda: DistributedSettings.model_validate({}))
     trust_remote_code: bool = False
     name: str | None = None

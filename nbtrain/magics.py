@@ -83,6 +83,19 @@ def _dashboard(run: Run) -> Dashboard:
     return Dashboard(run, widget=os.environ.get("NBTRAIN_DASHBOARD", "widget") != "static")
 
 
+def _verb_checkpoint(args: Any) -> None:
+    run = get_run(args.run)
+    run.checkpoint()
+    print(f"run {run.id}: checkpoint requested; it is saved after the current step")
+
+
+def _verb_resume(args: Any) -> Any:
+    run = api.resume(args.run)
+    if not args.no_view:
+        _show(run)
+    return run
+
+
 def _show(run: Run) -> Dashboard:
     view = _dashboard(run)
     view.show()
@@ -148,6 +161,13 @@ def _verbs() -> dict[str, Verb]:
     p = _run_arg(_parser("%finetune stop", "Stop a run after its current step (it saves a checkpoint)."))
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the process group is killed")
     v["stop"] = Verb(p, _verb_stop)
+    v["checkpoint"] = Verb(
+        _run_arg(_parser("%finetune checkpoint", "Save a checkpoint after the current step, keep training.")),
+        _verb_checkpoint,
+    )
+    p = _run_arg(_parser("%finetune resume", "Continue a stopped or failed run from its last checkpoint."))
+    p.add_argument("--no-view", action="store_true")
+    v["resume"] = Verb(p, _verb_resume)
     v["attach"] = Verb(
         _run_arg(_parser("%finetune attach", "Show a run's live view (any kernel).")), _verb_attach
     )

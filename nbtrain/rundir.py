@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 METRICS_SCHEMA = 1
+# Written into checkpoints/checkpoint-N by the worker once the Trainer has saved all of it; resume
+# trusts only checkpoints that carry it.
+COMPLETE_MARKER = ".nbtrain-complete"
 
 ACTIVE_STATES = ("queued", "starting", "running", "stopping")
 TERMINAL_STATES = ("completed", "failed", "stopped")

@@ -19,6 +19,7 @@ from nbtrain.errors import NbtrainError, RunFailed, RunNotFound
 from nbtrain.paths import runs_root
 from nbtrain.rundir import (
     ACTIVE_STATES,
+    COMPLETE_MARKER,
     TERMINAL_STATES,
     RunPaths,
     read_json,
@@ -146,6 +147,18 @@ class Run:
 
         return pd.DataFrame(read_jsonl(self.paths.system))
 
+    def checkpoint(self) -> None:
+        """Ask the run to save a checkpoint after its current step, without stopping."""
+        if self.status().done:
+            raise NbtrainError(f"run {self.id} is not running")
+        request_control(self.paths, "checkpoint")
+
+    def resume(self) -> Run:
+        """Continue this stopped or failed run from its last complete checkpoint (see nbtrain.resume)."""
+        from nbtrain.api import resume
+
+        return resume(self)
+
     def plot(self) -> Any:
         """A static Plotly figure of the run (loss, lr, grad norm, tokens/s, memory per rank)."""
         from nbtrain.ui.figures import run_plot
@@ -271,3 +284,22 @@ def get_run(ref: str | Path | Run) -> Run:
         raise RunNotFound(f"{text!r} matches several runs ({', '.join(sorted(ids))}); give more of the id")
     r = found[0]
     return Run(r.run_dir, run_id=r.id, name=r.name)
+
+
+def last_checkpoint(run: Run, *, prune: bool = False) -> Path | None:
+    """The newest checkpoint the worker marked complete; with ``prune``, incomplete ones are deleted."""
+    import shutil
+
+    best: tuple[int, Path] | None = None
+    for d in run.paths.checkpoints.glob("checkpoint-*"):
+        try:
+            step = int(d.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        if not (d / COMPLETE_MARKER).exists():
+            if prune:
+                shutil.rmtree(d, ignore_errors=True)
+            continue
+        if best is None or step > best[0]:
+            best = (step, d)
+    return best[1] if best else None

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from nbtrain.rundir import RunPaths, read_json, write_status
-from nbtrain.worker.control import StopControl
+from nbtrain.worker.control import LogCap, StopControl
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         del frame
         stop.request(signal.Signals(signum).name)
 
+    LogCap(paths.rank_log(rank)).start()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     if rank == 0:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from nbtrain.rundir import JsonlWriter, RunPaths, write_status
+from nbtrain.rundir import COMPLETE_MARKER, JsonlWriter, RunPaths, write_status
 from nbtrain.worker.control import StopControl
 
 # Keys renamed to the run-directory contract; everything else numeric is kept as logged.
@@ -98,27 +99,41 @@ class RunDirCallback(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self._stop_agreed(args) and not control.should_training_stop:
+        stop, checkpoint = self._requests_agreed(args)
+        if stop and not control.should_training_stop:
             control.should_training_stop = True
             control.should_save = True  # a stopped run keeps its progress as a checkpoint
             self._status("stopping", state, force=True, stop_reason=self.stop.reason)
         else:
             self._status("stopping" if self.stop.requested else "running", state)
+        if checkpoint:
+            control.should_save = True
+            print(f"nbtrain: checkpoint requested at step {state.global_step}", flush=True)
 
-    def _stop_agreed(self, args: TrainingArguments) -> bool:
-        """Whether any rank was asked to stop. Every rank must stop after the same step, or the others
-        would wait forever in the next collective; one tiny all-reduce per step settles it."""
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        # Called once the Trainer has written the whole checkpoint: only now does it count as complete
+        # (resume ignores a checkpoint-N without this marker, e.g. one killed while being written).
+        ckpt = self.paths.checkpoints / f"checkpoint-{state.global_step}"
+        if self.is_rank0 and ckpt.is_dir():
+            mark_complete(ckpt)
+
+    def _requests_agreed(self, args: TrainingArguments) -> tuple[bool, bool]:
+        """(stop, checkpoint now), agreed by every rank. Every rank must stop or save after the same
+        step, or the others would wait forever in the next collective; one tiny all-reduce settles it."""
         import torch
         import torch.distributed as dist
 
-        local = self.stop.requested
+        local = [self.stop.requested, self.stop.take_checkpoint_request()]
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return local
-        flag = torch.tensor([1 if local else 0], device=args.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and not local:
+            return local[0], local[1]
+        flags = torch.tensor([int(x) for x in local], device=args.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop, ckpt = bool(flags[0].item()), bool(flags[1].item())
+        if stop and not local[0]:
             self.stop.request("another rank")
-        return bool(flag.item())
+        return stop, ckpt
 
     def close(self) -> None:
         if self.metrics is not None:
@@ -174,3 +189,11 @@ def state_report(trainer: Any) -> dict[str, Any]:
         "optimizer_state_bytes": opt_bytes,
         "trainable_sha256": digest.hexdigest(), "trainable_abs_sum": total,
     }  # fmt: skip
+
+
+def mark_complete(ckpt: Path) -> None:
+    marker = ckpt / COMPLETE_MARKER
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write(str(time.time()))
+        f.flush()
+        os.fsync(f.fileno())

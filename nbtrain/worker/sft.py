@@ -25,6 +25,7 @@ class SFTRecipe:
         self.plan: dict[str, Any] = resolved["plan"]
         self.args: dict[str, Any] = dict(resolved["train_args"])
         self.data: dict[str, Any] = resolved["data"]
+        self.resume: dict[str, Any] = resolved.get("resume") or {}
         self.stop = stop
         self.trainer: Any = None
         self.callback: Any = None
@@ -177,7 +178,10 @@ class SFTRecipe:
                     self.paths, "stopped", stop_reason=self.stop.reason, note="stopped before training"
                 )
             return "stopped"
-        self.trainer.train()
+        resume = self.resume.get("from")
+        if resume:
+            print(f"nbtrain: resuming from {resume} (attempt {self.resume.get('attempt')})", flush=True)
+        self.trainer.train(resume_from_checkpoint=resume)
         state = self.trainer.state
         summary = dict(self.callback.summary)
         self.callback.system.write(state_report(self.trainer))
