@@ -92,6 +92,9 @@ def _child(fn: Callable[..., Any], run_dir: str, *args: Any) -> Any:
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     os.environ["NBTRAIN_RUN_DIR"] = run_dir
+    from nbtrain.worker.control import LogCap
+
+    LogCap(paths.rank_log(rank)).start()
     (paths.control / f"pid-rank{rank}").write_text(str(os.getpid()), encoding="utf-8")
     signal.signal(signal.SIGTERM, lambda s, f: runlog.mark_signalled())
     if rank == 0:

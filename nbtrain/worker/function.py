@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nbtrain import runlog
 from nbtrain.rundir import RunPaths, tail_text, write_status
+from nbtrain.worker.control import LogCap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(fd, 2)
         os.close(fd)
     os.environ["NBTRAIN_RUN_DIR"] = str(paths.root)
+    LogCap(paths.rank_log(rank)).start()
     signal.signal(signal.SIGTERM, lambda s, f: runlog.mark_signalled())
     if rank == 0:
         write_status(paths, "running")

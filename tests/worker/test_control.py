@@ -1,0 +1,47 @@
+"""Worker-side control: log capping keeps a process that prints without pause from filling the disk
+(and, writing to a file rather than a pipe, it never blocks)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from nbtrain import launch
+from nbtrain.rundir import RunPaths
+
+CHATTY = """
+import sys, time
+from pathlib import Path
+from nbtrain.worker.control import LogCap
+cap = LogCap(Path(sys.argv[1]), max_bytes=8 * 2**20, interval=0.05)
+cap.start()
+line = "x" * 1023 + "\\n"
+for _ in range(100 * 1024):  # 100 MiB
+    sys.stdout.write(line)
+sys.stdout.flush()
+time.sleep(0.2)
+cap.check()
+print("done, rotations", cap.rotations, flush=True)
+"""
+
+
+def test_a_process_printing_100_mib_never_blocks_and_its_log_stays_capped(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    paths.make()
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY)
+    log = paths.rank_log(0)
+    t0 = time.monotonic()
+    result = launch.spawn(paths, [(log.name, [sys.executable, str(script), str(log)])], {})
+    assert isinstance(result, launch.Launched)
+    info = launch.read_launch(paths)
+    assert info is not None
+    assert launch.wait_group_gone(info, timeout=120), "the chatty process blocked"
+    elapsed = time.monotonic() - t0
+    assert "done, rotations" in log.read_text()
+    rotations = int(log.read_text().split("rotations")[-1])
+    assert rotations >= 3
+    total = sum(p.stat().st_size for p in paths.logs.iterdir())
+    assert total < 40 * 2**20, total  # at most the file and one rotated file, not 100 MiB
+    assert elapsed < 120
