@@ -88,9 +88,16 @@ def _child(fn: Callable[..., Any], run_dir: str, *args: Any) -> Any:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    # The kernel's stream objects came along with the fork; write to this rank's log instead.
+    # The kernel's stream objects, shell and sockets came along with the fork. Nothing in a rank may use
+    # them (a progress bar would draw notebook widgets through the kernel's copied iopub socket): write to
+    # this rank's log, and make get_ipython() return None here.
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    shell = sys.modules.get("IPython.core.interactiveshell")
+    if shell is not None:
+        shell.InteractiveShell.clear_instance()
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["TQDM_DISABLE"] = "1"
     os.environ["NBTRAIN_RUN_DIR"] = run_dir
     from nbtrain.worker.control import LogCap
 

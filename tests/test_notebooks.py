@@ -1,0 +1,31 @@
+"""Every notebook in notebooks/ runs top to bottom in a real kernel on CPU with the tiny model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").rglob("*.ipynb"))
+
+
+def test_the_labs_are_all_found() -> None:
+    names = {p.name for p in NOTEBOOKS}
+    assert {"00_quickstart.ipynb", "04_your_own_loop.ipynb"} <= names
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_without_errors(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Plain figures, not widgets: the saved notebooks stay small, and nothing differs in what runs.
+    monkeypatch.setenv("NBTRAIN_DASHBOARD", "static")
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(
+        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
+    assert os.listdir(tmp_path)  # it did work in its own directory
