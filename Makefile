@@ -39,3 +39,15 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache
+
+# The JupyterLab extension (TypeScript -> nbtrain/labextension, shipped in the wheel as shared-data). Kept
+# out of `test`: the Python tests never need the build, so they pass where npm cannot run.
+.PHONY: labext browser-test
+labext: install
+	cd labextension && npm ci --no-audit --no-fund && npx tsc --sourceMap false \
+		&& PATH="$(abspath $(VENV))/bin:$$PATH" jupyter-builder build .
+
+# JupyterLab in headless Debian chromium (apt-get install chromium; pip install playwright jupyterlab).
+browser-test: labext
+	$(PY) -m pip install -q -e ".[dev,browser]"
+	$(PY) -m pytest -q -ra -m browser tests/browser
