@@ -15,11 +15,14 @@ __version__ = "0.1.0"
 
 from nbtrain.api import (
     Prepared,
+    estimate,
     example_data,
     finetune,
     last_run,
     make_tiny_model,
     prepare,
+    probe,
+    resume,
     runs,
     start,
 )
@@ -52,6 +55,7 @@ __all__ = [
     "RunNotFound",
     "RunStatus",
     "__version__",
+    "estimate",
     "example_data",
     "finetune",
     "get_run",
@@ -62,6 +66,8 @@ __all__ = [
     "make_tiny_model",
     "panel",
     "prepare",
+    "probe",
+    "resume",
     "runs",
     "should_stop",
     "start",

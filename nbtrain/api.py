@@ -13,12 +13,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtrain import __version__, registry
-from nbtrain.config import Resolved, load_config
+from nbtrain import __version__, registry, rewards, trainargs
+from nbtrain.config import Resolved, load_config, planned_problems
 from nbtrain.distributed import (
     deepspeed_config,
     free_port,
@@ -28,7 +29,8 @@ from nbtrain.distributed import (
     write_launch_files,
 )
 from nbtrain.errors import NbtrainError
-from nbtrain.hardware import Hardware, probe
+from nbtrain.hardware import Hardware
+from nbtrain.hardware import probe as probe_hardware
 from nbtrain.launch import LaunchFailed, spawn, worker_env
 from nbtrain.plan import Plan, make_plan, train_args
 from nbtrain.rundir import METRICS_SCHEMA, atomic_write_json, atomic_write_text, read_jsonl, write_status
@@ -45,11 +47,13 @@ class Prepared:
     plan: Plan
     hardware: Hardware
     train_args: dict[str, Any]
+    rewards: bytes | None = None  # GRPO: the reward functions, cloudpickled; start() writes rewards.pkl
 
     @property
     def name(self) -> str:
         cfg = self.resolved.config
-        return cfg.name or f"{Path(cfg.model).name}-{cfg.method}"
+        objective = "" if cfg.objective == "sft" else f"-{cfg.objective}"
+        return cfg.name or f"{Path(cfg.model).name}-{cfg.method}{objective}"
 
     def to_dict(self) -> dict[str, Any]:
         r = self.resolved
@@ -62,7 +66,7 @@ class Prepared:
             "train_args": self.train_args,
             "plan": self.plan.to_dict(),
             "hardware": self.hardware.to_dict(),
-            "estimate": None,
+            "estimate": self.plan.estimate,
             "notes": r.notes,
         }
 
@@ -72,6 +76,8 @@ class Prepared:
             f"nbtrain dry run: {self.name} (nothing started)",
             f"  model:     {cfg.model} ({self.resolved.model_kind})",
             f"  method:    {cfg.method}",
+            f"  objective: {cfg.objective}"
+            + (f" (rewards: {', '.join(cfg.rewards)})" if cfg.rewards else ""),
             f"  data:      {self.resolved.train_data.location} "
             f"[{self.resolved.train_data.kind}, {self.resolved.train_data.format}]",
             f"  plan:      {self.plan.nodes} node(s) x {self.plan.num_processes} process(es) on "
@@ -80,12 +86,22 @@ class Prepared:
         ]
         lines += [f"    - {r}" for r in self.plan.reasons]
         lines += [f"  warning:   {w}" for w in self.plan.warnings]
+        est = self.plan.estimate
+        if est is not None:
+            parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in est["parts"].items() if v)
+            where = "per GPU" if est["device"] == "cuda" else "of RAM"
+            lines.append(f"  memory:    ~{est['per_device_bytes'] / 2**30:.2f} GiB {where} of "
+                         f"{est['capacity_bytes'] / 2**30:.1f} GiB ({parts} GiB)")  # fmt: skip
+            if est.get("cpu_bytes"):
+                lines.append(f"             host RAM ~{est['cpu_bytes'] / 2**30:.2f} GiB per node")
+        if not self.plan.fits:
+            lines.append(f"  DOES NOT FIT: {self.plan.fit_advice}")
         lines.append("  resolved config:")
         lines += ["    " + ln for ln in json.dumps(self.to_dict()["config"], indent=2).splitlines()]
         if self.plan.deepspeed is not None:
             lines.append("  deepspeed.json:")
             lines += ["    " + ln for ln in json.dumps(self.plan.deepspeed, indent=2).splitlines()]
-        lines.append("  train args (SFTConfig):")
+        lines.append(f"  train args ({trainargs.config_name(cfg.objective)}):")
         lines += [f"    {k}: {v!r}" for k, v in sorted(self.train_args.items())]
         return "\n".join(lines)
 
@@ -97,16 +113,29 @@ class Prepared:
 
 
 def prepare(
-    config: str | Path | dict[str, Any], *, name: str | None = None, hardware: Hardware | None = None
+    config: str | Path | dict[str, Any],
+    *,
+    name: str | None = None,
+    hardware: Hardware | None = None,
+    namespace: Mapping[str, Any] | None = None,
+    capture_rewards: bool = True,
 ) -> Prepared:
-    """Validate ``config`` (YAML text, a dict, or a .yaml path) and plan it. Raises ConfigError."""
+    """Validate ``config`` (YAML text, a dict, or a .yaml path) and plan it. Raises ConfigError.
+
+    For objective: grpo the functions named in ``rewards:`` are looked up in ``namespace`` (default:
+    the notebook's) and serialised now, so a bad name fails here, before anything starts.
+    """
     res = load_config(config, name=name)
-    hw = hardware or probe()
+    payload = rewards.capture_for(res, namespace) if capture_rewards else None
+    hw = hardware or probe_hardware()
     plan = make_plan(res, hw)
+    if res.config.method != plan.method:  # method: auto, decided by the planner
+        res.config = res.config.model_copy(update={"method": plan.method})
     args = train_args(res, plan)
+    planned_problems(res, args, plan.world_size)
     if plan.strategy.startswith("zero"):
         plan.deepspeed = deepspeed_config(res, plan, args)
-    return Prepared(res, plan, hw, args)
+    return Prepared(res, plan, hw, args, rewards=payload)
 
 
 def _commands(prep: Prepared, run: Run, port: int) -> list[tuple[str, list[str]]]:
@@ -157,14 +186,19 @@ def start(prep: Prepared) -> Run:
     """Create the run directory, register it and start the detached worker(s).
 
     With ``resume: auto`` and an earlier run of the same name that stopped or failed after saving a
-    checkpoint, that run is resumed instead of starting over.
+    checkpoint, that run is resumed instead of starting over. A run the estimate says cannot fit is
+    refused before anything is written, naming the smallest change that would fit.
     """
+    if not prep.plan.fits:
+        raise NbtrainError(f"not started: {prep.plan.fit_advice}. (--dry-run shows the whole estimate.)")
     if prep.resolved.config.resume == "auto":
         earlier = _resumable(prep.name)
         if earlier is not None:
             print(f"nbtrain: resume: auto -> resuming {earlier.id} from its last complete checkpoint")
             return resume(earlier)
     run = create_run_dir(prep.name, prep.resolved.text, prep.to_dict())
+    if prep.rewards is not None:  # before the worker starts: it loads them from there
+        (run.dir / rewards.REWARDS_FILE).write_bytes(prep.rewards)
     write_launch_files(prep.plan, run.dir)
     d = prep.resolved.config.distributed
     if prep.plan.nodes > 1 and d.slurm is not None and d.hostfile is None:
@@ -223,7 +257,8 @@ def resume(ref: str | Path | Run) -> Run:
     resolved = run.resolved
     attempt = int(resolved.get("resume", {}).get("attempt", 1)) + 1
     _set_aside_metrics(run, step, attempt - 1)
-    prep = prepare(resolved["config"], name=run.name)
+    # The run directory keeps the rewards captured at start; the notebook may no longer define them.
+    prep = prepare(resolved["config"], name=run.name, capture_rewards=False)
     new_resolved = {**resolved, "resume": {"from": str(ckpt), "step": step, "attempt": attempt}}
     atomic_write_json(run.paths.resolved, new_resolved)
     write_launch_files(prep.plan, run.dir)
@@ -248,9 +283,130 @@ def _set_aside_metrics(run: Run, step: int, attempt: int) -> None:
     atomic_write_text(run.paths.metrics, text)
 
 
-def finetune(config: str | Path | dict[str, Any], name: str | None = None) -> Run:
-    """Validate, plan and start a fine-tuning run in the background; returns its handle at once."""
-    return start(prepare(config, name=name))
+@dataclass
+class EstimateReport:
+    """``nbtrain.estimate``: the plan's estimate, and every method x strategy on this hardware."""
+
+    prepared: Prepared
+    table: list[dict[str, Any]]
+
+    def figure(self) -> Any:
+        from nbtrain.memory import estimate_for, load_model_config
+        from nbtrain.ui.estimate_chart import estimate_figure
+
+        mc = load_model_config(self.prepared.resolved.config.model)
+        if mc is None or self.prepared.plan.estimate is None:
+            return None
+        est = estimate_for(self.prepared.resolved.config, self.prepared.plan, mc)
+        return estimate_figure(est, self.prepared.plan.estimate["capacity_bytes"])
+
+    def text(self) -> str:
+        lines = [self.prepared.summary().split("\n  resolved config:")[0]]
+        if self.table:
+            lines.append("  method x strategy on this machine:")
+            for r in self.table:
+                off = f"+{r['offload']}" if r["offload"] != "none" else ""
+                verdict = "fits" if r["fits"] else "NO"
+                gib = r["per_device_bytes"] / 2**30
+                lines.append(
+                    f"    {verdict:<5} {r['method']:<5} {r['strategy'] + off:<22} x{r['world_size']:<3} "
+                    f"{gib:7.2f} GiB  {r['why']}"
+                )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(self.text())}</pre>"
+
+
+def estimate(config: str | Path | dict[str, Any], *, hardware: Hardware | None = None) -> EstimateReport:
+    """Will it fit? The memory estimate of ``config`` as planned here, and the alternatives."""
+    from nbtrain import memory
+
+    prep = prepare(config, hardware=hardware)
+    mc = memory.load_model_config(prep.resolved.config.model)
+    table: list[dict[str, Any]] = []
+    if mc is not None:
+        req = memory.Request.from_config(
+            prep.resolved.config.model_copy(update={"train": {**prep.resolved.config.train, **{
+                "per_device_train_batch_size": prep.train_args.get("per_device_train_batch_size", 8)}}}),
+            prep.plan.precision, mc,
+        )  # fmt: skip
+        table = memory.compare_table(mc, prep.hardware, req)
+    return EstimateReport(prep, table)
+
+
+@dataclass
+class ProbeReport:
+    """What a few real steps measured, against the estimate and projected to the whole run."""
+
+    run: Run
+    steps: int
+    steps_per_s: float
+    tokens_per_s: float | None
+    peak_bytes: int  # GPU peak allocated where CUDA exists, else the worker's peak RSS
+    peak_kind: str
+    estimate_bytes: int | None
+    total_steps: int | None
+
+    @property
+    def estimate_error(self) -> float | None:
+        if not self.estimate_bytes:
+            return None
+        return (self.peak_bytes - self.estimate_bytes) / self.estimate_bytes
+
+    def text(self) -> str:
+        lines = [f"probe run {self.run.id}: {self.steps} steps at {self.steps_per_s:.2f} steps/s"
+                 + (f", {self.tokens_per_s:.0f} tokens/s" if self.tokens_per_s else "")]  # fmt: skip
+        lines.append(f"  measured peak ({self.peak_kind}): {self.peak_bytes / 2**30:.2f} GiB")
+        if self.estimate_bytes:
+            lines.append(f"  estimate: {self.estimate_bytes / 2**30:.2f} GiB; measured is "
+                         f"{self.estimate_error:+.0%} of it")  # fmt: skip
+        if self.total_steps:
+            secs = self.total_steps / self.steps_per_s
+            lines.append(f"  projected time for {self.total_steps} steps: {secs / 60:.1f} min")
+        else:
+            lines.append("  projected time: set train.max_steps to get one")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+def probe(config: str | Path | dict[str, Any], *, name: str | None = None, steps: int = 5) -> ProbeReport:
+    """A few real steps of ``config`` in a detached process: peak memory, speed, time for the whole run."""
+    prep = prepare(config, name=name)
+    cfg = prep.resolved.config.model_dump(mode="json")
+    total = cfg["train"].get("max_steps")
+    cfg["train"] = {**cfg["train"], "max_steps": steps, "save_strategy": "no", "eval_strategy": "no"}
+    cfg["name"] = f"{prep.name}-probe"
+    run = start(prepare(cfg))
+    st = run.wait()
+    m = run.metrics()
+    system = read_jsonl(run.paths.system)
+    gpu = [r["gpu_mem_peak"] for r in system if "gpu_mem_peak" in r]
+    peak, kind = (max(gpu), "GPU max_memory_allocated") if gpu else (
+        max((r["rss"] for r in system if "rss" in r), default=0), "worker RSS")  # fmt: skip
+    tps = m["tokens_per_s"].dropna() if "tokens_per_s" in m else None
+    est = prep.plan.estimate
+    return ProbeReport(
+        run, steps, float(st.summary.get("train_steps_per_second", 0.0)),
+        float(tps.median()) if tps is not None and len(tps) else None, int(peak), kind,
+        int(est["per_device_bytes"]) if est else None, int(total) if total and total > 0 else None,
+    )  # fmt: skip
+
+
+def finetune(
+    config: str | Path | dict[str, Any],
+    name: str | None = None,
+    *,
+    namespace: Mapping[str, Any] | None = None,
+) -> Run:
+    """Validate, plan and start a fine-tuning run in the background; returns its handle at once.
+    ``namespace``: where ``rewards:`` names are looked up (default: the notebook's)."""
+    return start(prepare(config, name=name, namespace=namespace))
 
 
 def runs() -> list[Run]:

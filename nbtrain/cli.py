@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("stop", help="stop a run after its current step")
     q.add_argument("run")
     q.add_argument("--timeout", type=float, default=60.0)
+    q = sub.add_parser("estimate", help="will it fit? memory estimate of a config and the alternatives")
+    q.add_argument("config")
+    q = sub.add_parser("probe", help="run a few real steps: measured peak memory and speed")
+    q.add_argument("config")
+    q.add_argument("--steps", type=int, default=5)
     q = sub.add_parser("checkpoint", help="save a checkpoint after the current step")
     q.add_argument("run")
     q = sub.add_parser("resume", help="continue a stopped or failed run from its last checkpoint")
@@ -104,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd in ("wait", "attach"):
             return _follow(get_run(args.run), args.timeout, quiet=args.cmd == "wait")
+        if args.cmd == "estimate":
+            print(api.estimate(args.config).text())
+            return 0
+        if args.cmd == "probe":
+            print(api.probe(args.config, steps=args.steps).text())
+            return 0
         if args.cmd == "checkpoint":
             get_run(args.run).checkpoint()
             print("checkpoint requested")

@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -24,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from nbtrain import trainargs
 from nbtrain.datacheck import DataProblem, DataSource, inspect_data
 from nbtrain.errors import ConfigError, Problem
-from nbtrain.formats import FORMATS
+from nbtrain.formats import CANONICAL_COLUMNS, FORMATS, SFT_FORMATS
+from nbtrain.objectives import OBJECTIVES, UNAVAILABLE
 
 METHODS = ("full", "lora", "qlora")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -64,10 +66,34 @@ class QuantSettings(_Strict):
 
 class DataSettings(_Strict):
     train: str = Field(min_length=1)
-    format: Literal["auto", "messages", "alpaca", "sharegpt", "text"] = "auto"
+    format: Literal["auto", "messages", "alpaca", "sharegpt", "text", "preference", "unpaired", "prompt"] = (
+        "auto"
+    )
     eval_split: float | None = Field(None, gt=0, lt=1)
     eval: str | None = None
     max_samples: int | None = Field(None, gt=0)
+    # {nbtrain's name: the dataset's column}, e.g. {prompt: question, chosen: good, rejected: bad}
+    columns: dict[str, str] | None = None
+
+    @field_validator("columns")
+    @classmethod
+    def _columns_ok(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is None:
+            return v
+        for canonical, column in v.items():
+            if canonical not in CANONICAL_COLUMNS:
+                close = difflib.get_close_matches(canonical, list(CANONICAL_COLUMNS), n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise ValueError(
+                    f"columns: maps nbtrain's names to your dataset's columns; {canonical!r} is not one of "
+                    f"{', '.join(CANONICAL_COLUMNS)}{hint}"
+                )
+            if not column:
+                raise ValueError(f"columns: {canonical}: needs the name of a column in your data")
+        sources = list(v.values())
+        if len(set(sources)) != len(sources):
+            raise ValueError("columns: maps two names to the same column")
+        return v
 
     @model_validator(mode="after")
     def _one_eval_source(self) -> DataSettings:
@@ -111,7 +137,11 @@ class DistributedSettings(_Strict):
 
 class RunConfig(_Strict):
     model: str = Field(min_length=1)
-    method: Literal["full", "lora", "qlora"] = "lora"
+    method: Literal["auto", "full", "lora", "qlora"] = "lora"
+    # objective: what the training optimises; method: (above) which weights train. Orthogonal.
+    objective: Literal["sft", "dpo", "orpo", "kto", "grpo", "ppo"] = "sft"
+    rewards: list[str] | None = None  # GRPO: notebook functions or built-ins (nbtrain.rewards)
+    batch_size: int | None = Field(None, gt=0)  # effective batch; with per_device_train_batch_size: auto
     data: DataSettings
     train: dict[str, Any] = Field(default_factory=dict)
     lora: LoraSettings | None = None
@@ -121,6 +151,20 @@ class RunConfig(_Strict):
     distributed: DistributedSettings = Field(default_factory=lambda: DistributedSettings.model_validate({}))
     trust_remote_code: bool = False
     name: str | None = None
+
+    @field_validator("rewards")
+    @classmethod
+    def _rewards_ok(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("rewards: lists at least one reward function")
+        for name in v:
+            if not name.isidentifier():
+                raise ValueError(f"{name!r} is not a function name; rewards: lists Python function names")
+        if len(set(v)) != len(v):
+            raise ValueError("rewards: lists a function twice; use train: reward_weights to weigh one more")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -316,7 +360,7 @@ def _check_model(spec: str, base: Path, probs: _Problems) -> str:
     return "hub"
 
 
-def _check_train(train: dict[str, Any], precision: Any, probs: _Problems) -> None:
+def _check_train(train: dict[str, Any], precision: Any, probs: _Problems, objective: str = "sft") -> None:
     for key, value in train.items():
         key = str(key)
         if key in ("bf16", "fp16"):
@@ -325,9 +369,11 @@ def _check_train(train: dict[str, Any], precision: Any, probs: _Problems) -> Non
             elif value and precision not in ("auto", key):
                 probs.add(("train", key), f"conflicts with precision: {precision}; set only precision: {key}")
             continue
-        msg = trainargs.check_key(key)
+        if key == "per_device_train_batch_size" and value == "auto":
+            continue  # the planner picks the largest micro-batch that fits (see plan.py)
+        msg = trainargs.check_key(key, objective)
         if msg is None:
-            msg = trainargs.check_value(key, value)
+            msg = trainargs.check_value(key, value, objective)
         if msg:
             probs.add(("train", key), msg)
 
@@ -432,6 +478,126 @@ def deepspeed_config_problem(ds: Any) -> str | None:
     return None
 
 
+def unavailable_objective(name: str) -> str:
+    """Why ``objective: name`` cannot run with the installed TRL."""
+    try:
+        from importlib.metadata import version
+
+        trl_version = version("trl")
+    except Exception:  # noqa: BLE001 - the version only decorates the message
+        trl_version = "1.x"
+    return f"objective: {name} is not available in TRL {trl_version}: {UNAVAILABLE[name]}"
+
+
+def _objective_sections(cfg: RunConfig, probs: _Problems) -> None:
+    """Combinations of objective, data format, rewards and train: keys that TRL would reject later."""
+    obj = cfg.objective
+    if obj not in OBJECTIVES:
+        return  # reported as unavailable already
+    fmt = cfg.data.format
+    if fmt != "auto" and fmt not in OBJECTIVES[obj].formats:
+        kind = "SFT data" if fmt in SFT_FORMATS else f"{fmt} data"
+        usable = ", ".join(OBJECTIVES[obj].formats)
+        probs.add(
+            ("data", "format"),
+            f"format: {fmt} is {kind}, which objective: {obj} does not train on; use format: auto or "
+            f"{usable}",
+        )
+    if obj == "grpo" and not cfg.rewards:
+        probs.add(
+            ("objective",),
+            "objective: grpo learns from reward functions: add rewards: [my_reward] naming a function "
+            "defined in the notebook (def my_reward(completions, **kwargs) -> list[float]), or a built-in "
+            "(format_reward, length_reward)",
+        )
+    if obj != "grpo" and cfg.rewards:
+        probs.add(("rewards",), f"rewards: applies to objective: grpo only (objective is {obj})")
+    if obj == "grpo" and cfg.rewards:
+        weights = cfg.train.get("reward_weights")
+        if isinstance(weights, list) and len(weights) != len(cfg.rewards):
+            probs.add(
+                ("train", "reward_weights"),
+                f"{len(weights)} reward_weights for {len(cfg.rewards)} rewards; give one weight per reward",
+            )
+        gens = cfg.train.get("num_generations")
+        if isinstance(gens, int) and not isinstance(gens, bool) and gens < 2:
+            probs.add(
+                ("train", "num_generations"), "GRPO compares completions of a prompt: num_generations >= 2"
+            )
+
+
+def planned_problems(res: Resolved, args: dict[str, Any], world_size: int) -> None:
+    """Checks that need the plan: the number of processes and the batch sizes (the planner may choose
+    them). Raises ConfigError; called by prepare() before anything starts."""
+    cfg = res.config
+    if cfg.objective not in OBJECTIVES:
+        return
+    defaults = trainargs.fields_for(cfg.objective)
+
+    def value(key: str) -> Any:
+        """As the TRL config will see it: the planned args, else the config's default."""
+        return args[key] if key in args else (defaults[key].default if key in defaults else None)
+
+    items: list[tuple[tuple[str | int, ...], str]] = []
+    bs = value("per_device_train_batch_size")
+    if cfg.objective == "kto" and value("loss_type") == "kto" and isinstance(bs, int) and bs <= 1:
+        items.append(
+            (
+                ("train", "per_device_train_batch_size"),
+                "KTO estimates its KL term from the other completions in a batch, so it needs "
+                "per_device_train_batch_size of 2 or more",
+            )
+        )
+    if cfg.objective == "grpo":
+        items += _grpo_batch_problems(cfg, value, world_size)
+    if items:
+        raise problems_error(res.text, items)
+
+
+def _grpo_batch_problems(
+    cfg: RunConfig, value: Callable[[str], Any], world_size: int
+) -> list[tuple[tuple[str | int, ...], str]]:
+    # GRPO samples num_generations completions per prompt, and each generation batch holds whole groups.
+    gens, bs = value("num_generations"), value("per_device_train_batch_size")
+    steps = value("steps_per_generation") or value("gradient_accumulation_steps")
+    items: list[tuple[tuple[str | int, ...], str]] = []
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (gens, bs, steps)) or gens < 2:
+        return items  # reported by load_config, or by TRL's own check at start
+    given = value("generation_batch_size")
+    batch = given if isinstance(given, int) else bs * world_size * steps
+    if batch % gens:
+        how = (
+            "generation_batch_size"
+            if isinstance(given, int)
+            else f"per_device_train_batch_size {bs} x {world_size} process(es) x steps_per_generation {steps}"
+        )
+        where = "num_generations" if "num_generations" in cfg.train else "per_device_train_batch_size"
+        items.append(
+            (
+                ("train", where),
+                f"the generation batch ({batch} = {how}) must be a multiple of num_generations ({gens}): "
+                f"each prompt's {gens} completions are compared with each other",
+            )
+        )
+    eval_bs, eval_gens = value("per_device_eval_batch_size"), value("num_generations_eval") or gens
+    if (
+        value("eval_strategy") not in (None, "no")
+        and isinstance(eval_bs, int)
+        and (eval_bs * world_size) % eval_gens
+    ):
+        where = (
+            "per_device_eval_batch_size" if "per_device_eval_batch_size" in cfg.train else "num_generations"
+        )
+        items.append(
+            (
+                ("train", where),
+                f"evaluation samples {eval_gens} completions per prompt: per_device_eval_batch_size x "
+                f"processes ({eval_bs * world_size}) must be a multiple of {eval_gens}",
+            )
+        )
+    return items
+
+
 def _method_sections(cfg: RunConfig, probs: _Problems) -> None:
     has_eval = cfg.data.eval is not None or cfg.data.eval_split is not None
     if cfg.train.get("eval_strategy", "no") != "no" and not has_eval:
@@ -444,11 +610,20 @@ def _method_sections(cfg: RunConfig, probs: _Problems) -> None:
             ("lora",),
             "method: full trains every weight and takes no lora: section; remove it, or use method: lora",
         )
-    if cfg.method != "qlora" and cfg.quantization is not None:
+    if cfg.method not in ("qlora", "auto") and cfg.quantization is not None:
         probs.add(("quantization",), f"quantization: applies to method: qlora only (method is {cfg.method})")
 
 
 # ------------------------------------------------------------------------------------------- entry
+
+
+def problems_error(text: str, items: list[tuple[tuple[str | int, ...], str]]) -> ConfigError:
+    """A ConfigError for problems found after load_config (the notebook's reward functions), pointing
+    at the YAML lines of ``text`` as load_config's own problems do."""
+    probs = _Problems(text)
+    for path, message in items:
+        probs.add(path, message)
+    return ConfigError(sorted(probs.items, key=lambda p: (p.line or 0, p.path)))
 
 
 def parse_source(source: str | Path | dict[str, Any]) -> tuple[dict[str, Any] | Any, str, Path]:
@@ -513,21 +688,36 @@ def load_config(source: str | Path | dict[str, Any], *, name: str | None = None)
     # every problem it can, not only the schema's.
     model = raw.get("model")
     model_kind = _check_model(model, base, probs) if isinstance(model, str) and model else "local"
+    objective = raw.get("objective", "sft")
+    if isinstance(objective, str) and objective in UNAVAILABLE:
+        probs.add(("objective",), unavailable_objective(objective))
+    # train: keys are checked against the objective's TRL config; an unknown or unavailable objective
+    # has none, and is reported on its own.
+    known_objective = objective if isinstance(objective, str) and objective in OBJECTIVES else None
     train = raw.get("train")
-    if isinstance(train, dict):
-        _check_train(train, raw.get("precision", "auto"), probs)
+    if isinstance(train, dict) and known_objective is not None:
+        _check_train(train, raw.get("precision", "auto"), probs, known_objective)
     user_ds: dict[str, Any] | None = None
     if cfg is not None:
         _method_sections(cfg, probs)
+        _objective_sections(cfg, probs)
         user_ds = _check_distributed(cfg, base, probs)
     data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
     fmt = data.get("format", "auto")
     fmt = fmt if fmt in ("auto", *FORMATS) else "auto"
+    # Rows are checked after data: columns: renames them; with a broken mapping (reported already)
+    # every row would look wrong, so they wait until it is fixed.
+    columns: dict[str, str] | None = None
+    try:
+        columns = DataSettings.model_validate({"train": "-", "columns": data.get("columns")}).columns
+        columns_ok = True
+    except ValidationError:
+        columns_ok = False
     sources: dict[str, DataSource] = {}
     for key in ("train", "eval"):
-        if isinstance(data.get(key), str) and data[key]:
+        if isinstance(data.get(key), str) and data[key] and known_objective is not None and columns_ok:
             try:
-                sources[key] = inspect_data(data[key], fmt, base)
+                sources[key] = inspect_data(data[key], fmt, base, known_objective, columns)
             except DataProblem as e:
                 probs.add(("data", key), str(e))
     if raw.get("method") == "qlora":
@@ -540,9 +730,9 @@ def load_config(source: str | Path | dict[str, Any], *, name: str | None = None)
 
     # Fill defaults that depend on the method, and make paths absolute for the worker.
     updates: dict[str, Any] = {}
-    if cfg.method in ("lora", "qlora") and cfg.lora is None:
+    if cfg.method in ("lora", "qlora", "auto") and cfg.lora is None:
         updates["lora"] = LoraSettings.model_validate({})
-    if cfg.method == "qlora" and cfg.quantization is None:
+    if cfg.method in ("qlora", "auto") and cfg.quantization is None:
         updates["quantization"] = QuantSettings.model_validate({})
     if model_kind == "local":
         updates["model"] = str((base / Path(cfg.model).expanduser()).resolve())
@@ -562,4 +752,6 @@ def load_config(source: str | Path | dict[str, Any], *, name: str | None = None)
         f"data: {train_src.kind} file, format {train_src.format}"
         + (" (detected)" if cfg.data.format == "auto" and train_src.kind != "hub" else "")
     ]
+    if cfg.objective != "sft":
+        notes.append(f"objective: {cfg.objective} ({OBJECTIVES[cfg.objective].summary})")
     return Resolved(cfg, text, model_kind, train_src, eval_src, notes, user_ds)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtrain.formats import check_rows
+from nbtrain.formats import RowError, apply_columns, check_rows, to_example
 
 SAMPLE_ROWS = 1000
 FILE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -136,8 +136,22 @@ def read_rows(path: Path, kind: str, n: int) -> list[tuple[int, Any]]:
     return list(itertools.islice(_READERS[kind](path), n))
 
 
-def inspect_data(spec: str, fmt: str, base: Path) -> DataSource:
-    """Find ``spec`` (a path or a hub id), read a sample and check its format; raise DataProblem."""
+def _one_sided_labels(rows: list[tuple[int, Any]], columns: dict[str, str] | None) -> bool | None:
+    """The single label every unpaired row carries, or None when both kinds occur."""
+    seen = set()
+    for _, row in rows:
+        try:
+            seen.add(to_example(apply_columns(row, columns), "unpaired")["label"])
+        except RowError:
+            return None  # check_rows has passed these rows; nothing more to say
+    return seen.pop() if len(seen) == 1 else None
+
+
+def inspect_data(
+    spec: str, fmt: str, base: Path, objective: str = "sft", columns: dict[str, str] | None = None
+) -> DataSource:
+    """Find ``spec`` (a path or a hub id), read a sample and check its format for ``objective``
+    (after renaming ``columns``); raise DataProblem."""
     path = Path(spec).expanduser()
     if not path.is_absolute():
         path = (base / path).resolve()
@@ -160,7 +174,15 @@ def inspect_data(spec: str, fmt: str, base: Path) -> DataSource:
     rows = list(_READERS[kind](path))
     if not rows:
         raise DataProblem(f"data file has no rows: {path}")
-    resolved, problem = check_rows(rows, fmt)
+    resolved, problem = check_rows(rows, fmt, objective, columns)
     if problem:
         raise DataProblem(f"{path.name}: {problem}")
+    if resolved == "unpaired" and len(rows) < SAMPLE_ROWS:
+        # Only when the whole file was read: a sample of a sorted file can hold one label by chance.
+        only = _one_sided_labels(rows, columns)
+        if only is not None:
+            raise DataProblem(
+                f"{path.name}: all {len(rows)} rows have label {str(only).lower()}; KTO learns from both "
+                f"desirable (label: true) and undesirable (label: false) completions"
+            )
     return DataSource(spec, str(path), kind, resolved, len(rows))

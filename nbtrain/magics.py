@@ -43,6 +43,8 @@ def _cell_parser() -> MagicArgumentParser:
         "--wait", action="store_true", help="block until the run ends (fails the cell if it fails)"
     )
     p.add_argument("--no-view", action="store_true", help="do not show the live view")
+    p.add_argument("--estimate", action="store_true", help="memory estimate and alternatives; start nothing")
+    p.add_argument("--probe", action="store_true", help="run a few real steps: measured memory and speed")
     return p
 
 
@@ -149,6 +151,19 @@ def _verb_panel(args: Any) -> Any:
     return ConfigPanel.from_run(args.run) if args.run else panel(None)
 
 
+def _show_estimate(report: Any) -> None:
+    from IPython.display import display
+
+    display(report)
+    fig = report.figure()
+    if fig is not None:
+        display(fig)
+
+
+def _verb_estimate(args: Any) -> None:
+    _show_estimate(api.estimate(args.config))
+
+
 def _verbs() -> dict[str, Verb]:
     v: dict[str, Verb] = {}
     v["list"] = Verb(_parser("%finetune list", "List runs (a DataFrame)."), _verb_list)
@@ -192,6 +207,9 @@ def _verbs() -> dict[str, Verb]:
     p = _parser("%finetune panel", "A form that builds a run config (and launches it) without YAML.")
     p.add_argument("run", nargs="?", default=None, help="fill the form from this run's config")
     v["panel"] = Verb(p, _verb_panel)
+    p = _parser("%finetune estimate", "Will it fit? Memory estimate of a config file and the alternatives.")
+    p.add_argument("config", help="a .yaml config file (or use %%finetune --estimate with a YAML cell)")
+    v["estimate"] = Verb(p, _verb_estimate)
     return v
 
 
@@ -235,9 +253,24 @@ class FinetuneMagics(Magics):
 
     def _cell(self, line: str, cell: str) -> Any:
         args = _cell_parser().parse_args(shlex.split(line))
+        if args.estimate:
+            return _show_estimate(api.estimate(cell))
+        if args.probe:
+            return api.probe(cell, name=args.name)
         prep = api.prepare(cell, name=args.name)
         if args.dry_run:
-            return prep
+            from IPython.display import display
+
+            est = prep.plan.estimate
+            if est is not None:
+                from nbtrain.memory import estimate_for, load_model_config
+                from nbtrain.ui.estimate_chart import estimate_figure
+
+                mc = load_model_config(prep.resolved.config.model)
+                if mc is not None:
+                    display(estimate_figure(estimate_for(prep.resolved.config, prep.plan, mc),
+                                            est["capacity_bytes"]))  # fmt: skip
+            return prep  # the plan as the cell's result, below its memory chart
         run = api.start(prep)
         if args.wait:
             _wait(run, None)

@@ -7,6 +7,7 @@ config (its "auto" values resolved) when a ZeRO strategy is chosen.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +26,12 @@ class Plan:
     nodes: int = 1
     gpus: list[int] = field(default_factory=list)
     deepspeed: dict[str, Any] | None = None  # the DeepSpeed JSON, "auto" values resolved
+    method: str = "lora"  # full | lora | qlora, as chosen (method: auto) or given
+    micro_batch: int | None = None  # per_device_train_batch_size when the planner chose it
+    grad_accum: int | None = None  # gradient_accumulation_steps when the planner chose it
+    estimate: dict[str, Any] | None = None  # nbtrain.memory.Estimate.to_dict() of this plan
+    fits: bool = True
+    fit_advice: str = ""  # when it does not fit: the smallest change that would
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -124,15 +131,177 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
         )
     elif device == "cpu" and precision == "fp16":
         warnings.append("fp16 mixed precision is not supported on CPU; use fp32 or bf16")
-    launcher = _launcher(strategy, d.launcher, world)
-    if strategy != "none":
-        reasons.append(f"launcher {launcher}")
     offload = d.offload
-    return Plan(device, n, launcher, precision, strategy, offload, d.nodes, gpus, None, reasons, warnings)
+    plan = Plan(device, n, "direct", precision, strategy, offload, d.nodes, gpus, reasons=reasons,
+                warnings=warnings)  # fmt: skip
+    plan.method = cfg.method
+    _plan_memory(res, hw, plan)
+    plan.launcher = _launcher(plan.strategy, d.launcher, world)
+    if plan.strategy != "none":
+        reasons.append(f"launcher {plan.launcher}")
+    return plan
+
+
+# ------------------------------------------------------------------------------- memory planning
+
+USABLE = 0.90  # plan to at most this share of a device's memory: fragmentation, other processes
+
+
+def _capacity(hw: Hardware, device: str) -> int:
+    if device == "cuda":
+        return min(g.memory_total for g in hw.gpus)
+    return hw.ram_available or hw.ram_total
+
+
+def _estimate(res: Resolved, plan: Plan, mc: dict[str, Any], **over: Any) -> Any:
+    from nbtrain import memory
+
+    train = dict(res.config.train)
+    micro = over.pop("micro_batch", plan.micro_batch or train.get("per_device_train_batch_size", 8))
+    train["per_device_train_batch_size"] = int(micro if micro != "auto" else 1)
+    cfg = res.config.model_copy(update={"train": train})
+    req = memory.Request.from_config(cfg, plan.precision, mc)
+    kwargs = {**req.estimate_kwargs(), **{k: v for k, v in over.items() if k in req.estimate_kwargs()}}
+    return memory.estimate(
+        mc, method=over.get("method", plan.method), strategy=over.get("strategy", plan.strategy),
+        offload=over.get("offload", plan.offload), world_size=plan.world_size, nodes=plan.nodes,
+        device=plan.device, **kwargs,
+    )  # fmt: skip
+
+
+def _fits(est: Any, capacity: int) -> bool:
+    return bool(est.per_device_bytes <= capacity * USABLE)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _plan_memory(res: Resolved, hw: Hardware, plan: Plan) -> None:
+    """Choose what the config left to "auto" from the memory estimate, and record whether it fits.
+
+    method: auto -> QLoRA when the 16-bit weights alone take over half of one GPU (one small card),
+    else LoRA; strategy: auto on several GPUs for a full fine-tune -> the first of DDP, ZeRO-2, ZeRO-3,
+    ZeRO-3 + optimizer offload, + parameter offload that fits; per_device_train_batch_size: auto -> the
+    largest power of two that fits, with gradient accumulation keeping ``batch_size`` (the effective
+    batch) when it is given.
+    """
+    from nbtrain import memory
+    from nbtrain.config import bitsandbytes_problem
+
+    cfg, reasons = res.config, plan.reasons
+    mc = memory.load_model_config(cfg.model)
+    if cfg.method == "auto":
+        if mc is None:
+            plan.method = "lora"
+            reasons.append("method lora: no config.json on this machine to estimate from")
+        elif plan.device == "cpu":
+            plan.method = "lora"
+            reasons.append("method lora: on CPU, bitsandbytes' 4-bit kernels are slow and memory is RAM")
+        else:
+            weights16 = 2 * memory.count_parameters(mc).total
+            cap = _capacity(hw, "cuda")
+            if weights16 > cap / 2:
+                why = bitsandbytes_problem(tuple(sys.path))
+                if why is None:
+                    plan.method = "qlora"
+                    reasons.append(
+                        f"method qlora: the 16-bit weights ({_gib(weights16)}) take over half of one GPU "
+                        f"({_gib(cap)}); 4-bit weights leave room to train"
+                    )
+                else:
+                    plan.method = "lora"
+                    plan.warnings.append(f"QLoRA would suit this card, but {why}")
+            else:
+                plan.method = "lora"
+                reasons.append(
+                    f"method lora: the 16-bit weights ({_gib(weights16)}) fit one GPU ({_gib(cap)})"
+                )
+    if mc is None:
+        if cfg.train.get("per_device_train_batch_size") == "auto":
+            plan.micro_batch = 1
+            reasons.append("per_device_train_batch_size 1: no config.json to estimate from")
+        return
+    cap = _capacity(hw, plan.device)
+    where = "per GPU" if plan.device == "cuda" else "of RAM"
+    d = cfg.distributed
+    try:
+        if d.strategy == "auto" and plan.device == "cuda" and plan.world_size > 1 and plan.method == "full":
+            for strategy, offload in (("ddp", "none"), ("zero2", "none"), ("zero3", "none"),
+                                      ("zero3", "optimizer"), ("zero3", "optimizer+params")):  # fmt: skip
+                if _fits(_estimate(res, plan, mc, strategy=strategy, offload=offload), cap):
+                    if (strategy, offload) != (plan.strategy, plan.offload):
+                        extra = f" + offload {offload}" if offload != "none" else ""
+                        reasons.append(
+                            f"strategy {strategy}{extra}: the first that fits {_gib(cap * USABLE)} {where}"
+                        )
+                    plan.strategy, plan.offload = strategy, offload
+                    break
+        if cfg.train.get("per_device_train_batch_size") == "auto":
+            plan.micro_batch = 1
+            for micro in (64, 32, 16, 8, 4, 2, 1):
+                if _fits(_estimate(res, plan, mc, micro_batch=micro), cap):
+                    plan.micro_batch = micro
+                    break
+            reasons.append(f"per_device_train_batch_size {plan.micro_batch}: the largest power of two that "
+                           f"fits with {int((1 - USABLE) * 100)}% to spare")  # fmt: skip
+            if cfg.batch_size:
+                plan.grad_accum = max(1, -(-cfg.batch_size // (plan.micro_batch * plan.world_size)))
+                reasons.append(
+                    f"gradient_accumulation_steps {plan.grad_accum}: keeps the effective batch at "
+                    f"{plan.micro_batch * plan.world_size * plan.grad_accum} (asked {cfg.batch_size})"
+                )
+        est = _estimate(res, plan, mc)
+    except memory.EstimateError as e:
+        plan.warnings.append(f"no memory estimate: {e}")
+        return
+    plan.estimate = {**est.to_dict(), "capacity_bytes": cap, "device": plan.device}
+    plan.fits = _fits(est, cap)
+    if not plan.fits:
+        plan.fit_advice = _smallest_change(res, plan, mc, cap, est)
+
+
+def _smallest_change(res: Resolved, plan: Plan, mc: dict[str, Any], cap: int, est: Any) -> str:
+    """Name the smallest change to the config that would fit, trying the cheapest changes first."""
+    where = "per GPU" if plan.device == "cuda" else "of RAM"
+    head = (f"the run needs about {_gib(est.per_device_bytes)} {where} but {_gib(cap * USABLE)} of "
+            f"{_gib(cap)} is usable")  # fmt: skip
+    micro = plan.micro_batch or int(res.config.train.get("per_device_train_batch_size", 8))
+    changes: list[tuple[str, dict[str, Any]]] = []
+    if not res.config.train.get("gradient_checkpointing", True):
+        changes.append(("gradient_checkpointing: true", {"gradient_checkpointing": True}))
+    if plan.world_size > 1 and plan.method == "full":
+        for strategy, offload in (("zero2", "none"), ("zero3", "none"), ("zero3", "optimizer"),
+                                  ("zero3", "optimizer+params")):  # fmt: skip
+            changes.append((f"distributed: {{strategy: {strategy}, offload: {offload}}}",
+                            {"strategy": strategy, "offload": offload}))  # fmt: skip
+    if plan.method == "full":
+        changes.append(("method: lora", {"method": "lora"}))
+    if plan.method in ("full", "lora") and plan.device == "cuda" and plan.strategy != "zero3":
+        changes.append(("method: qlora", {"method": "qlora"}))
+    smaller = (
+        f"per_device_train_batch_size: 1 (gradient_accumulation_steps: {micro} keeps the effective batch)"
+    )
+    tries: list[tuple[str, dict[str, Any]]] = []
+    if micro > 1:
+        tries.append((smaller, {"micro_batch": 1}))
+    for label, over in changes:
+        tries.append((label, over))
+        if micro > 1:
+            tries.append((f"{label} with {smaller}", {**over, "micro_batch": 1}))
+    for label, over in tries:
+        try:
+            alt = _estimate(res, plan, mc, **over)
+        except ValueError:
+            continue
+        if _fits(alt, cap):
+            return f"{head}. Smallest change that fits: {label} (about {_gib(alt.per_device_bytes)} {where})"
+    return f"{head}, and no single change fits: use a smaller model or more/larger GPUs"
 
 
 def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
-    """The SFTConfig keyword arguments the worker will use, minus the run-dir paths.
+    """The TRL config (SFTConfig, DPOConfig, ...) keyword arguments the worker will use, minus the
+    run-dir paths.
 
     The user's ``train:`` keys win; nbtrain only fills what a notebook user would otherwise have to
     know (frequent logging for the live view, token counting for tokens/s, evaluation when there is
@@ -147,6 +316,10 @@ def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
         "save_steps": 500,
         "disable_tqdm": True,
     }
+    if res.config.objective in ("orpo", "grpo"):
+        # Their batches hold no input_ids for the Trainer to count (it would warn every step); GRPO
+        # counts prompt + completion tokens itself (num_tokens, which the run-dir callback uses).
+        args["include_num_input_tokens_seen"] = "no"
     has_eval = res.config.data.eval is not None or res.config.data.eval_split is not None
     if has_eval:
         args["eval_strategy"] = "steps"
@@ -163,4 +336,8 @@ def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
     args["bf16"] = plan.precision == "bf16"
     args["fp16"] = plan.precision == "fp16"
     args.update(user)
+    if plan.micro_batch is not None:
+        args["per_device_train_batch_size"] = plan.micro_batch
+    if plan.grad_accum is not None:
+        args["gradient_accumulation_steps"] = plan.grad_accum
     return args

@@ -4,7 +4,8 @@ No model hub is needed: the model is a 2-layer Llama with hidden size 64 and ran
 tokenizer is a byte-level BPE trained here on the same text the datasets use, with a chat template.
 
     python -m nbtrain.testing model DIR            # build the tiny model
-    python -m nbtrain.testing data FILE [--format messages|alpaca|sharegpt|text] [-n N]
+    python -m nbtrain.testing data FILE [--format messages|alpaca|sharegpt|text|preference|unpaired|prompt]
+                                        [-n N] [--plain]
 
 ``make_tiny_model`` and ``write_dataset`` import transformers, so call them from a worker or a test,
 not from a kernel; the kernel-safe wrappers are ``nbtrain.make_tiny_model`` / ``nbtrain.example_data``.
@@ -39,8 +40,45 @@ def addition_items(n: int = 400, seed: int = 0) -> list[tuple[str, str]]:
     return items
 
 
+def wrong_answer(answer: str, rng: random.Random) -> str:
+    """``answer`` ("a + b = c") with a wrong sum: the rejected side of the preference data."""
+    lhs, total = answer.rsplit(" = ", 1)
+    delta = rng.choice([d for d in range(-9, 10) if d != 0 and int(total) + d >= 0])
+    return f"{lhs} = {int(total) + delta}"
+
+
+def preference_rows(
+    fmt: str = "preference", n: int = 200, seed: int = 0, *, conversational: bool = True
+) -> list[dict[str, Any]]:
+    """The addition task as preference data: ``preference`` (chosen = the correct sum, rejected = a
+    wrong one), ``unpaired`` (KTO: one completion per row, label true when it is correct, alternating)
+    or ``prompt`` (GRPO: the question, plus an ``answer`` column a reward function can check)."""
+    rng = random.Random(seed + 1)
+    rows: list[dict[str, Any]] = []
+    for i, (q, a) in enumerate(addition_items(n, seed)):
+        prompt: Any = [{"role": "user", "content": q}] if conversational else f"{q}\n"
+
+        def said(text: str) -> Any:
+            return [{"role": "assistant", "content": text}] if conversational else text
+
+        if fmt == "preference":
+            rows.append({"prompt": prompt, "chosen": said(a), "rejected": said(wrong_answer(a, rng))})
+        elif fmt == "unpaired":
+            good = i % 2 == 0
+            rows.append(
+                {"prompt": prompt, "completion": said(a if good else wrong_answer(a, rng)), "label": good}
+            )
+        elif fmt == "prompt":
+            rows.append({"prompt": prompt, "answer": a.rsplit(" = ", 1)[1]})
+        else:
+            raise ValueError(f"unknown preference format {fmt!r}")
+    return rows
+
+
 def dataset_rows(fmt: str = "messages", n: int = 400, seed: int = 0) -> list[dict[str, Any]]:
     """The addition data in one of the formats nbtrain reads."""
+    if fmt in ("preference", "unpaired", "prompt"):
+        return preference_rows(fmt, n, seed)
     rows: list[dict[str, Any]] = []
     for q, a in addition_items(n, seed):
         if fmt == "messages":
@@ -56,12 +94,20 @@ def dataset_rows(fmt: str = "messages", n: int = 400, seed: int = 0) -> list[dic
     return rows
 
 
-def write_dataset(path: str | Path, fmt: str = "messages", n: int = 400, seed: int = 0) -> Path:
-    """Write the addition data as JSONL (stdlib only: safe to call from a kernel)."""
+def write_dataset(
+    path: str | Path, fmt: str = "messages", n: int = 400, seed: int = 0, *, conversational: bool = True
+) -> Path:
+    """Write the addition data as JSONL (stdlib only: safe to call from a kernel). ``conversational``
+    applies to the preference formats: False writes plain strings instead of lists of messages."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
+    rows = (
+        preference_rows(fmt, n, seed, conversational=conversational)
+        if fmt in ("preference", "unpaired", "prompt")
+        else dataset_rows(fmt, n, seed)
+    )
     with open(p, "w", encoding="utf-8") as f:
-        for row in dataset_rows(fmt, n, seed):
+        for row in rows:
             f.write(json.dumps(row) + "\n")
     return p
 
@@ -137,13 +183,18 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("dir")
     d = sub.add_parser("data", help="write the addition dataset")
     d.add_argument("file")
-    d.add_argument("--format", default="messages", choices=["messages", "alpaca", "sharegpt", "text"])
+    d.add_argument(
+        "--format",
+        default="messages",
+        choices=["messages", "alpaca", "sharegpt", "text", "preference", "unpaired", "prompt"],
+    )
     d.add_argument("-n", type=int, default=400)
+    d.add_argument("--plain", action="store_true", help="preference formats: strings, not messages")
     args = ap.parse_args(argv)
     if args.what == "model":
         print(make_tiny_model(args.dir))
     else:
-        print(write_dataset(args.file, args.format, args.n))
+        print(write_dataset(args.file, args.format, args.n, conversational=not args.plain))
     return 0
 
 

@@ -1,8 +1,10 @@
-"""Validate ``train:`` keys against TRL's SFTConfig without importing TRL in the kernel.
+"""Validate ``train:`` keys against the TRL config of the run's objective without importing TRL.
 
-The field list comes from a JSON snapshot shipped with the package (made by
-``nbtrain.worker.introspect`` for the versions nbtrain is tested with). If the installed TRL or
-transformers differ, the snapshot is made again once in a subprocess and cached under NBTRAIN_HOME.
+``objective: sft`` takes SFTConfig names, ``dpo`` DPOConfig, ``orpo`` ORPOConfig, ``kto`` KTOConfig and
+``grpo`` GRPOConfig (see nbtrain.objectives). Each field list comes from a JSON snapshot shipped with
+the package (nbtrain/assets/<objective>_fields.json, made by ``nbtrain.worker.introspect`` for the
+versions nbtrain is tested with). If the installed TRL or transformers differ, the snapshot is made
+again once in a subprocess and cached under NBTRAIN_HOME.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+from nbtrain.objectives import OBJECTIVES
 from nbtrain.paths import home_dir
 
 # Keys nbtrain sets itself: say where the setting lives instead.
@@ -107,38 +110,56 @@ def _installed_versions() -> dict[str, str]:
     return out
 
 
-@lru_cache(maxsize=1)
-def sft_fields() -> dict[str, FieldSpec]:
-    snapshot = json.loads(resources.files("nbtrain").joinpath("assets/sft_fields.json").read_text("utf-8"))
+# Fields whose type hint is narrower than what the TRL config accepts (its __post_init__ converts).
+_ALSO_ACCEPTS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("dpo", "loss_type"): ("str",),  # DPOConfig turns loss_type: sigmoid into ["sigmoid"]
+}
+
+
+def config_name(objective: str = "sft") -> str:
+    """The TRL config class whose names ``train:`` takes for ``objective`` (e.g. "DPOConfig")."""
+    return OBJECTIVES[objective].config_class.split(":")[1]
+
+
+@lru_cache(maxsize=8)
+def fields_for(objective: str = "sft") -> dict[str, FieldSpec]:
+    """The settable fields of the TRL config of ``objective``, from the shipped or a regenerated snapshot."""
+    if objective not in OBJECTIVES:
+        raise KeyError(f"no TRL config for objective {objective!r}")
+    asset = f"assets/{objective}_fields.json"
+    snapshot = json.loads(resources.files("nbtrain").joinpath(asset).read_text("utf-8"))
     versions = _installed_versions()
     data = snapshot
     if snapshot["versions"] != versions and "missing" not in versions.values():
-        cache = home_dir() / "cache" / f"sft_fields-trl{versions['trl']}-tf{versions['transformers']}.json"
+        cache = (
+            home_dir()
+            / "cache"
+            / f"{objective}_fields-trl{versions['trl']}-tf{versions['transformers']}.json"
+        )
         if not cache.exists():
             # A subprocess keeps TRL (and torch) out of the kernel; it runs once per version pair.
             subprocess.run(
-                [sys.executable, "-m", "nbtrain.worker.introspect", str(cache)],
+                [sys.executable, "-m", "nbtrain.worker.introspect", str(cache), objective],
                 check=True,
                 capture_output=True,
                 timeout=300,
             )
         data = json.loads(Path(cache).read_text("utf-8"))
-    return {
-        name: FieldSpec(
-            name,
-            tuple(f["kinds"]),
-            tuple(f["choices"]) if f["choices"] else None,
-            bool(f["optional"]),
-            f["default"],
-            f["help"],
-        )
-        for name, f in data["fields"].items()
-    }
+    out = {}
+    for name, f in data["fields"].items():
+        kinds = tuple(f["kinds"]) + _ALSO_ACCEPTS.get((objective, name), ())
+        choices = tuple(f["choices"]) if f["choices"] else None
+        out[name] = FieldSpec(name, kinds, choices, bool(f["optional"]), f["default"], f["help"])
+    return out
 
 
-def check_key(key: str) -> str | None:
-    """None if ``key`` is a settable SFTConfig name, else the message explaining what to do."""
-    fields = sft_fields()
+def sft_fields() -> dict[str, FieldSpec]:
+    return fields_for("sft")
+
+
+def check_key(key: str, objective: str = "sft") -> str | None:
+    """None if ``key`` is a settable name of the objective's TRL config, else what to do instead."""
+    fields = fields_for(objective)
     if key in MANAGED:
         return f"'{key}' is not set here: {MANAGED[key]}"
     if key in fields:
@@ -149,7 +170,15 @@ def check_key(key: str) -> str | None:
     msg = f"unknown key '{key}'"
     if close:
         msg += f"; did you mean '{close[0]}'?"
-    return msg + f" (train: takes TRL SFTConfig / TrainingArguments names; {len(fields)} are known)"
+    else:
+        # A key of another objective's config is a common slip (beta under objective: sft, ...): say which.
+        owners = [o for o in OBJECTIVES if o != objective and key in fields_for(o)]
+        if owners:
+            which = " or ".join(f"objective: {o}" for o in owners)
+            msg += f" for objective: {objective}; it belongs to {which}"
+    return msg + (
+        f" (train: takes TRL {config_name(objective)} / TrainingArguments names; {len(fields)} are known)"
+    )
 
 
 def yaml_number_hint(value: Any) -> str:
@@ -168,8 +197,8 @@ def yaml_number_hint(value: Any) -> str:
     return ""
 
 
-def check_value(key: str, value: Any) -> str | None:
-    spec = sft_fields()[key]
+def check_value(key: str, value: Any, objective: str = "sft") -> str | None:
+    spec = fields_for(objective)[key]
     if spec.accepts(value):
         return None
     hint = yaml_number_hint(value) if {"int", "float"} & set(spec.kinds) else ""

@@ -135,3 +135,24 @@ def test_stop_verb_ends_the_process_group(workdir: Path) -> None:
     assert info is not None
     time.sleep(0.5)
     assert launch.group_members(int(info["pgid"])) == []
+
+
+@pytest.mark.slow
+def test_dry_run_draws_the_estimate_and_probe_measures_real_steps(workdir: Path) -> None:
+    (workdir / "c.yaml").write_text(lora_yaml(5))
+    cells = [
+        "%load_ext nbtrain",
+        "%%finetune --dry-run --name est\n" + lora_yaml(),
+        "%finetune estimate c.yaml",
+        "%%finetune --probe --name pr\n" + lora_yaml(50),
+    ]
+    nb = execute(cells, workdir)
+    mimes = [set(o.get("data", {})) for o in nb.cells[1].outputs]
+    assert any("application/vnd.plotly.v1+json" in m for m in mimes)  # the stacked memory bar
+    dry = text_of(nb.cells[1])
+    assert "memory:    ~" in dry and "GiB of RAM" in dry
+    assert "method x strategy on this machine" in text_of(nb.cells[2])
+    probe = text_of(nb.cells[3])
+    assert "probe run" in probe and "5 steps at" in probe and "measured peak (worker RSS)" in probe
+    assert "projected time for 50 steps" in probe
+    assert nbtrain.get_run("pr-probe").status().state == "completed"

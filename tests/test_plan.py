@@ -55,3 +55,95 @@ def test_probe_finds_no_gpu_here_without_touching_cuda() -> None:
     assert hw.cpu_count >= 1 and hw.ram_total > 0
     if not hw.gpus:
         assert hw.nvml_error
+
+
+# ----------------------------------------------------------------- planner decisions from the estimate
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "model_configs"
+RTX4090 = GPU(0, "NVIDIA GeForce RTX 4090", 24 * 2**30, 23 * 2**30, (8, 9))
+T4_16 = GPU(0, "Tesla T4", 15 * 2**30, 15 * 2**30, (7, 5))
+
+
+def hw(*gpus: GPU, n: int = 1) -> Hardware:
+    cards = [
+        GPU(i, g.name, g.memory_total, g.memory_free, g.compute_capability) for g in gpus for i in range(n)
+    ]
+    return Hardware(gpus=cards, cpu_count=16, ram_total=256 * 2**30, ram_available=240 * 2**30)
+
+
+def real_model(name: str, method: str, extra: str = "", train: str = "") -> str:
+    return (
+        f"model: {FIXTURES / name}\nmethod: {method}\ndata: {{train: data/add.jsonl}}\n"
+        f"train: {{max_length: 1024{train}}}\n{extra}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("hardware", "model", "method", "extra", "want"),
+    [
+        (hw(RTX4090), "Meta-Llama-3-8B", "auto", "", {"method": "qlora", "precision": "bf16"}),
+        (hw(A100), "Meta-Llama-3-8B", "auto", "", {"method": "lora", "precision": "bf16"}),
+        (hw(T4_16), "Qwen2.5-7B", "auto", "", {"method": "qlora", "precision": "fp16"}),
+        (hw(A100), "Qwen2.5-0.5B", "auto", "", {"method": "lora"}),
+        (hw(A100, n=8), "Llama-2-13b", "full", "", {"strategy": "zero2", "num_processes": 8}),
+        (hw(A100, n=4), "Llama-2-13b", "full", "", {"strategy": "zero3", "offload": "none"}),
+        (hw(A100, n=2), "Llama-2-13b", "full", "", {"strategy": "zero3", "offload": "optimizer"}),
+        (hw(A100, n=4), "Qwen2.5-0.5B", "full", "", {"strategy": "ddp"}),
+    ],
+)
+def test_planner_decisions(
+    workdir: Path, hardware: Hardware, model: str, method: str, extra: str, want: dict[str, object]
+) -> None:
+    import nbtrain
+
+    prep = nbtrain.prepare(
+        real_model(model, method, extra, ", per_device_train_batch_size: 2"), hardware=hardware
+    )
+    got = {k: getattr(prep.plan, k) for k in want}
+    assert got == want, prep.plan.reasons
+    assert prep.plan.fits and prep.plan.estimate is not None
+    assert prep.resolved.config.method == prep.plan.method  # recorded concretely in resolved.json
+    assert any(want.get("method", "") in r or want.get("strategy", "") in r for r in prep.plan.reasons)
+
+
+def test_micro_batch_auto_keeps_the_effective_batch(workdir: Path) -> None:
+    import nbtrain
+
+    text = real_model("Meta-Llama-3-8B", "qlora", "batch_size: 32\n", ", per_device_train_batch_size: auto")
+    prep = nbtrain.prepare(text, hardware=hw(RTX4090))
+    micro, accum = (
+        prep.train_args["per_device_train_batch_size"],
+        prep.train_args["gradient_accumulation_steps"],
+    )
+    assert micro & (micro - 1) == 0 and micro >= 1  # a power of two
+    assert micro * accum >= 32 and micro * (accum - 1) < 32
+    bigger = nbtrain.prepare(text.replace("auto", str(micro * 2)), hardware=hw(RTX4090))
+    assert not bigger.plan.fits  # the next power of two would not have fitted
+
+
+def test_a_run_that_cannot_fit_is_refused_with_the_smallest_change(workdir: Path) -> None:
+    import nbtrain
+    from nbtrain.errors import NbtrainError
+
+    text = real_model("Meta-Llama-3-8B", "full")
+    prep = nbtrain.prepare(text, hardware=hw(RTX4090))
+    assert not prep.plan.fits
+    assert (
+        "Smallest change that fits: method: lora with per_device_train_batch_size: 1" in prep.plan.fit_advice
+    )
+    assert "DOES NOT FIT" in prep.summary()
+    with pytest.raises(NbtrainError, match="not started: the run needs about"):
+        nbtrain.start(prep)
+    assert nbtrain.runs() == []
+
+
+def test_estimate_report_lists_methods_and_strategies(workdir: Path) -> None:
+    import nbtrain
+
+    text = real_model("Meta-Llama-3-8B", "auto", "", ", per_device_train_batch_size: 2")
+    report = nbtrain.estimate(text, hardware=hw(RTX4090, n=2))
+    rows = {(r["method"], r["strategy"], r["offload"]): r for r in report.table}
+    assert rows[("qlora", "none", "none")]["fits"] and not rows[("full", "none", "none")]["fits"]
+    assert ("full", "zero3", "optimizer+params") in rows
+    assert "method x strategy on this machine" in report.text()
+    assert report.figure() is not None

@@ -12,9 +12,28 @@ import sys
 import traceback
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from nbtrain.rundir import RunPaths, read_json, write_status
 from nbtrain.worker.control import LogCap, StopControl
+
+
+def recipe_for(resolved: dict[str, Any]) -> Any:
+    """The recipe class of the run's ``objective:`` (runs from before objectives existed are SFT)."""
+    objective = resolved["config"].get("objective", "sft")
+    if objective == "sft":
+        from nbtrain.worker.sft import SFTRecipe
+
+        return SFTRecipe
+    if objective in ("dpo", "orpo", "kto"):
+        from nbtrain.worker.preference import PreferenceRecipe
+
+        return PreferenceRecipe
+    if objective == "grpo":
+        from nbtrain.worker.grpo import GRPORecipe
+
+        return GRPORecipe
+    raise ValueError(f"objective {objective!r} has no recipe in this nbtrain")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,9 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         write_status(paths, "starting", pid=os.getpid())
     try:
         resolved = read_json(paths.resolved)
-        from nbtrain.worker.sft import SFTRecipe
-
-        recipe = SFTRecipe(paths, resolved, stop)
+        recipe = recipe_for(resolved)(paths, resolved, stop)
         recipe.setup()
         outcome = recipe.train()
         recipe.cleanup()

@@ -1,21 +1,27 @@
-"""Describe TRL's SFTConfig fields as JSON, so the kernel can validate ``train:`` without importing TRL.
+"""Describe a TRL config's fields as JSON, so the kernel can validate ``train:`` without importing TRL.
 
-    python -m nbtrain.worker.introspect OUT.json
+    python -m nbtrain.worker.introspect OUT.json [OBJECTIVE]   # one objective (default sft)
+    python -m nbtrain.worker.introspect --assets DIR           # all: DIR/<objective>_fields.json
 
-The kernel ships a snapshot (nbtrain/assets/sft_fields.json) made by this module for the pinned
-versions, and re-runs it in a subprocess when the installed TRL/transformers differ.
+The kernel ships snapshots (nbtrain/assets/<objective>_fields.json: SFTConfig, DPOConfig, ORPOConfig,
+KTOConfig, GRPOConfig) made by this module for the pinned versions, and re-runs it in a subprocess when
+the installed TRL/transformers differ.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
 import json
+import os
 import sys
 import types
 import typing
 from pathlib import Path
 from typing import Any
+
+from nbtrain.objectives import OBJECTIVES
 
 
 def _classify(tp: Any) -> tuple[set[str], list[str] | None, bool]:
@@ -57,17 +63,24 @@ def _jsonable(v: Any) -> Any:
         return str(v)
 
 
-def field_specs() -> dict[str, Any]:
+def config_class(objective: str) -> Any:
+    """The TRL config class of ``objective`` (some live in trl.experimental, which warns on import)."""
+    module, name = OBJECTIVES[objective].config_class.split(":")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    return getattr(importlib.import_module(module), name)
+
+
+def field_specs(objective: str = "sft") -> dict[str, Any]:
     import transformers
     import trl
-    from trl import SFTConfig
 
+    cls = config_class(objective)
     try:
-        hints = typing.get_type_hints(SFTConfig)
+        hints = typing.get_type_hints(cls)
     except Exception:  # noqa: BLE001 - a forward ref we cannot resolve: fall back to raw annotations
         hints = {}
     fields: dict[str, Any] = {}
-    for f in dataclasses.fields(SFTConfig):
+    for f in dataclasses.fields(cls):
         if not f.init or f.name.startswith("_"):
             continue
         kinds, choices, optional = _classify(hints.get(f.name, f.type))
@@ -85,14 +98,31 @@ def field_specs() -> dict[str, Any]:
             "default": default,
             "help": help_text,
         }
-    return {"versions": {"trl": trl.__version__, "transformers": transformers.__version__}, "fields": fields}
+    versions = {"trl": trl.__version__, "transformers": transformers.__version__}
+    if objective == "sft":  # the SFT snapshot keeps its original shape (no "config" key)
+        return {"versions": versions, "fields": fields}
+    return {"versions": versions, "config": cls.__name__, "fields": fields}
+
+
+def _write(out: Path, objective: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(field_specs(objective), indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(field_specs(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    if not argv or (argv[0] == "--assets" and len(argv) != 2) or len(argv) > 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    if argv[0] == "--assets":
+        for name in OBJECTIVES:
+            _write(Path(argv[1]) / f"{name}_fields.json", name)
+        return 0
+    objective = argv[1] if len(argv) == 2 else "sft"
+    if objective not in OBJECTIVES:
+        print(f"unknown objective {objective!r}; one of {', '.join(OBJECTIVES)}", file=sys.stderr)
+        return 2
+    _write(Path(argv[0]), objective)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Supervised fine-tuning recipe (full, LoRA, QLoRA) on TRL's SFTTrainer.
+"""Supervised fine-tuning recipe (full, LoRA, QLoRA) on TRL's SFTTrainer; the base of the other recipes.
 
     python -m nbtrain.worker RUN_DIR        # RUN_DIR/resolved.json has method full | lora | qlora
 
@@ -11,11 +11,30 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from typing import Any
 
 from nbtrain.rundir import RunPaths, write_status
 from nbtrain.worker.callbacks import rank, state_report
 from nbtrain.worker.control import StopControl
+
+
+def rename_columns(ds: Any, columns: Mapping[str, str] | None) -> Any:
+    """Apply ``data: columns: {canonical: column}`` to a dataset, as formats.apply_columns does to a row."""
+    from nbtrain.worker.data import DataError
+
+    for canonical, column in (columns or {}).items():
+        if column == canonical:
+            continue
+        if column not in ds.column_names:
+            raise DataError(
+                f"data: columns: maps {canonical}: {column}, but the data has no column {column!r} "
+                f"(its columns: {ds.column_names})"
+            )
+        if canonical in ds.column_names:
+            ds = ds.remove_columns(canonical)  # the mapped column wins, as in the kernel's check
+        ds = ds.rename_column(column, canonical)
+    return ds
 
 
 class SFTRecipe:
@@ -32,27 +51,25 @@ class SFTRecipe:
 
     # ------------------------------------------------------------------------------------- setup
     def _dtype(self) -> Any:
-        import torch
+        from nbtrain.worker.model import compute_dtype
 
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.plan["precision"], torch.float32)
+        return compute_dtype(self.plan)
 
     def _load_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+        from nbtrain.worker.model import load_tokenizer
 
-        tok = AutoTokenizer.from_pretrained(
-            self.cfg["model"], trust_remote_code=self.cfg["trust_remote_code"]
-        )
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-        return tok
+        return load_tokenizer(self.cfg)
 
     def _load_data(self, tok: Any) -> tuple[Any, Any]:
         from nbtrain.worker.data import DataError, load_raw, normalise
 
         d = self.cfg["data"]
+        columns = d.get("columns")
         train_src = self.data["train"]
         train, fmt = normalise(
-            load_raw(train_src["location"], train_src["kind"]), d["format"], max_samples=d.get("max_samples")
+            rename_columns(load_raw(train_src["location"], train_src["kind"]), columns),
+            d["format"],
+            max_samples=d.get("max_samples"),
         )
         if fmt != "text" and not getattr(tok, "chat_template", None):
             raise DataError(
@@ -63,7 +80,7 @@ class SFTRecipe:
         evald = None
         if self.data.get("eval"):
             ev = self.data["eval"]
-            evald, _ = normalise(load_raw(ev["location"], ev["kind"]), fmt)
+            evald, _ = normalise(rename_columns(load_raw(ev["location"], ev["kind"]), columns), fmt)
         elif d.get("eval_split"):
             if len(train) < 2:
                 raise DataError("eval_split needs at least 2 rows of training data")
@@ -77,70 +94,38 @@ class SFTRecipe:
         return train, evald
 
     def _load_model(self) -> Any:
-        import torch
-        from transformers import AutoModelForCausalLM
+        from nbtrain.worker.model import load_model
 
-        method = self.cfg["method"]
-        kwargs: dict[str, Any] = {"trust_remote_code": self.cfg["trust_remote_code"]}
-        on_gpu = self.plan["device"] == "cuda"
-        if method == "qlora":
-            from transformers import BitsAndBytesConfig
+        return load_model(self.cfg, self.plan, self.args)
 
-            q = self.cfg["quantization"]
-            compute = self._dtype()
-            if q["bits"] == 4:
-                kwargs["quantization_config"] = BitsAndBytesConfig(
-                    load_in_4bit=True,
-                    bnb_4bit_quant_type=q["quant_type"],
-                    bnb_4bit_use_double_quant=q["double_quant"],
-                    bnb_4bit_compute_dtype=compute,
-                )
-            else:
-                kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
-            kwargs["dtype"] = compute
-            kwargs["device_map"] = {"": 0} if on_gpu else {"": "cpu"}
-        elif method == "lora":
-            # The frozen base can live in the compute dtype; only the adapters train.
-            kwargs["dtype"] = self._dtype() if on_gpu else torch.float32
-        else:
-            kwargs["dtype"] = torch.float32  # full fine-tune keeps fp32 master weights; AMP does the rest
-        model: Any = AutoModelForCausalLM.from_pretrained(self.cfg["model"], **kwargs)
-        if method == "qlora":
-            from peft import prepare_model_for_kbit_training
+    def _config_class(self) -> Any:
+        """The TRL config class the train args go into (the other recipes name theirs)."""
+        from trl import SFTConfig
 
-            bits = self.cfg["quantization"]["bits"]
-            if not getattr(model, f"is_loaded_in_{bits}bit", False):
-                raise RuntimeError(f"bitsandbytes did not quantise {self.cfg['model']} to {bits}-bit")
-            print(f"nbtrain: base weights loaded in {bits}-bit by bitsandbytes", flush=True)
+        return SFTConfig
 
-            model = prepare_model_for_kbit_training(
-                model, use_gradient_checkpointing=bool(self.args.get("gradient_checkpointing", True))
-            )
-        if method in ("lora", "qlora"):
-            from peft import LoraConfig, get_peft_model
-            from transformers import set_seed
+    def _make_trainer(self, tok: Any, train: Any, evald: Any) -> Any:
+        from trl import SFTTrainer
 
-            lo = self.cfg["lora"]
-            target = lo["target_modules"]
-            peft_cfg = LoraConfig(
-                r=lo["r"],
-                lora_alpha=lo["alpha"],
-                lora_dropout=lo["dropout"],
-                bias=lo["bias"],
-                target_modules=None if target == "auto" else target,
-                task_type="CAUSAL_LM",
-            )
-            set_seed(int(self.args.get("seed", 42)))  # adapter init is random: seed it for reproducible runs
-            model = get_peft_model(model, peft_cfg)
-            trainable, total = model.get_nb_trainable_parameters()
-            print(f"nbtrain: {method} adapters: {trainable:,} trainable of {total:,} parameters", flush=True)
-        return model
+        model = self._load_model()
+        return SFTTrainer(
+            model=model,
+            args=self.sft_args,
+            train_dataset=train,
+            eval_dataset=evald,
+            processing_class=tok,
+            callbacks=[self._new_callback()],
+        )
+
+    def _new_callback(self) -> Any:
+        """The run-directory callback; made once the model has loaded (it opens metrics.jsonl)."""
+        from nbtrain.worker.callbacks import RunDirCallback
+
+        self.callback = RunDirCallback(self.paths, self.stop)
+        return self.callback
 
     def setup(self) -> None:
         from transformers import set_seed
-        from trl import SFTConfig, SFTTrainer
-
-        from nbtrain.worker.callbacks import RunDirCallback
 
         set_seed(int(self.args.get("seed", 42)))
         extra: dict[str, Any] = {}
@@ -148,7 +133,8 @@ class SFTRecipe:
             extra["deepspeed"] = str(self.paths.root / "deepspeed.json")
         # The arguments come first: with ZeRO-3 they register the DeepSpeed config that makes
         # from_pretrained partition the weights as they load (kept alive by self.sft_args).
-        self.sft_args = SFTConfig(output_dir=str(self.paths.checkpoints), **self.args, **extra)
+        config_class = self._config_class()
+        self.sft_args = config_class(output_dir=str(self.paths.checkpoints), **self.args, **extra)
         _ = self.sft_args.device  # sets up torch.distributed (gloo on CPU) before the model exists
         if extra and self.plan["device"] == "cpu":
             import deepspeed
@@ -158,16 +144,7 @@ class SFTRecipe:
         train, evald = self._load_data(tok)
         if self.stop.requested:
             return
-        model = self._load_model()
-        self.callback = RunDirCallback(self.paths, self.stop)
-        self.trainer = SFTTrainer(
-            model=model,
-            args=self.sft_args,
-            train_dataset=train,
-            eval_dataset=evald,
-            processing_class=tok,
-            callbacks=[self.callback],
-        )
+        self.trainer = self._make_trainer(tok, train, evald)
 
     # ------------------------------------------------------------------------------------- train
     def train(self) -> str:
