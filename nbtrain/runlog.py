@@ -68,7 +68,7 @@ def should_stop() -> bool:
     tiny all-reduce), so they all leave the loop after the same step instead of one rank waiting
     forever in the next collective.
     """
-    local = bool(_STATE["signalled"]) or _paths().control_file("stop").exists()
+    local = stop_requested_here()
     dist = sys.modules.get("torch.distributed")
     if dist is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return local
@@ -78,6 +78,11 @@ def should_stop() -> bool:
     flag = torch.tensor([1 if local else 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
+
+
+def stop_requested_here() -> bool:
+    """This process's own view of a stop request, with no collective (safe after the ranks are done)."""
+    return bool(_STATE["signalled"]) or _paths().control_file("stop").exists()
 
 
 def mark_signalled() -> None:

@@ -159,3 +159,16 @@ def test_graceful_stop_at_random_steps_then_resume(workdir: Path) -> None:
     rng = random.Random(int(os.environ.get("NBTRAIN_TRIAL_SEED", "7")))
     stops = [graceful_stop_trial(rng) for _ in range(int(os.environ.get("NBTRAIN_STOP_TRIALS", "2")))]
     print(f"graceful stop trials: {len(stops)}, all resumed and completed; stopped at steps {stops}")
+
+
+def test_resume_auto_continues_the_newest_stopped_run_of_that_name(workdir: Path) -> None:
+    text = config(150) + "resume: auto\n"
+    first = nbtrain.finetune(text, name="auto-resume")
+    wait_step(first, 4)
+    stopped_at = first.stop().step
+    again = nbtrain.finetune(text, name="auto-resume")  # the same cell run again
+    assert again.dir == first.dir and again.resolved["resume"]["step"] == stopped_at
+    assert again.wait(timeout=300).step == 150
+    fresh = nbtrain.finetune(text, name="auto-resume")  # the newest is completed: a new run starts
+    assert fresh.dir != first.dir
+    fresh.stop()

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         write_status(paths, "failed", error={**error, "log_tail": tail_text(paths.rank_log(rank), 30)})
         return 1
     if rank == 0:
-        write_status(paths, "stopped" if runlog.should_stop() else "completed")
+        # Not should_stop(): that is a collective, and the other ranks have finished.
+        write_status(paths, "stopped" if runlog.stop_requested_here() else "completed")
     return 0
 
 
