@@ -401,8 +401,16 @@ def _check_distributed(cfg: RunConfig, base: Path, probs: _Problems) -> dict[str
             "parameters, and bitsandbytes 4-bit weights cannot be partitioned. "
             "Use strategy: ddp or zero2, or method: lora with zero3",
         )
-    if cfg.method == "qlora" and d.strategy == "fsdp":
-        probs.add((*where, "strategy"), "method: qlora cannot combine with fsdp here; use strategy: ddp")
+    if d.strategy == "fsdp":
+        # A run under accelerate's FSDP config completed on CPU but its ranks still held every parameter
+        # and the whole optimizer state: nothing showed it was sharded, so it is refused rather than
+        # offered untested.
+        probs.add(
+            (*where, "strategy"),
+            "fsdp is not supported yet: nbtrain could not verify that it shards "
+            "on this stack. Use strategy: zero3 (DeepSpeed) to shard parameters, "
+            "gradients and optimizer state",
+        )
     if d.strategy == "none" and isinstance(d.num_processes, int) and d.num_processes > 1:
         probs.add(
             (*where, "num_processes"),

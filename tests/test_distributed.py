@@ -174,3 +174,8 @@ def test_free_ports_differ_and_are_bindable() -> None:
 def test_dry_run_shows_strategy_and_deepspeed_json(workdir: Path) -> None:
     text = plan_of(dist("strategy: zero3")).summary()
     assert "strategy zero3" in text and "launcher deepspeed" in text and "deepspeed.json:" in text
+
+
+def test_fsdp_is_refused_until_it_is_verified_to_shard(workdir: Path) -> None:
+    with pytest.raises(ConfigError, match="fsdp is not supported yet"):
+        load_config(dist("strategy: fsdp"))
