@@ -44,3 +44,11 @@ def normalise(ds: Any, fmt: str, *, max_samples: int | None = None) -> tuple[Any
 
     out = ds.map(convert, with_indices=True, remove_columns=ds.column_names, desc=None)
     return out, fmt
+
+
+def take_eval_split(train: Any, fraction: float, seed: int) -> tuple[Any, Any]:
+    """Hold out ``fraction`` of the training rows for evaluation (seeded, so resume sees the same split)."""
+    if len(train) < 2:
+        raise DataError("eval_split needs at least 2 rows of training data")
+    split = train.train_test_split(test_size=fraction, seed=seed)
+    return split["train"], split["test"]

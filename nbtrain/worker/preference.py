@@ -73,7 +73,7 @@ class PreferenceRecipe(SFTRecipe):
         return trl_class(OBJECTIVES[self.objective].config_class)
 
     def _load_data(self, tok: Any) -> tuple[Any, Any]:
-        from nbtrain.worker.data import DataError, load_raw
+        from nbtrain.worker.data import DataError, load_raw, take_eval_split
 
         d = self.cfg["data"]
         columns = d.get("columns")
@@ -97,10 +97,7 @@ class PreferenceRecipe(SFTRecipe):
                 load_raw(ev["location"], ev["kind"]), fmt, self.objective, columns=columns
             )
         elif d.get("eval_split"):
-            if len(train) < 2:
-                raise DataError("eval_split needs at least 2 rows of training data")
-            split = train.train_test_split(test_size=d["eval_split"], seed=self.args.get("seed", 42))
-            train, evald = split["train"], split["test"]
+            train, evald = take_eval_split(train, d["eval_split"], int(self.args.get("seed", 42)))
         print(
             f"nbtrain: {self.objective}: {len(train)} training rows ({fmt})"
             + (f", {len(evald)} eval rows" if evald is not None else ""),

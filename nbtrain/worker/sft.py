@@ -61,7 +61,7 @@ class SFTRecipe:
         return load_tokenizer(self.cfg)
 
     def _load_data(self, tok: Any) -> tuple[Any, Any]:
-        from nbtrain.worker.data import DataError, load_raw, normalise
+        from nbtrain.worker.data import DataError, load_raw, normalise, take_eval_split
 
         d = self.cfg["data"]
         columns = d.get("columns")
@@ -82,10 +82,7 @@ class SFTRecipe:
             ev = self.data["eval"]
             evald, _ = normalise(rename_columns(load_raw(ev["location"], ev["kind"]), columns), fmt)
         elif d.get("eval_split"):
-            if len(train) < 2:
-                raise DataError("eval_split needs at least 2 rows of training data")
-            split = train.train_test_split(test_size=d["eval_split"], seed=self.args.get("seed", 42))
-            train, evald = split["train"], split["test"]
+            train, evald = take_eval_split(train, d["eval_split"], int(self.args.get("seed", 42)))
         print(
             f"nbtrain: {len(train)} training rows ({fmt})"
             + (f", {len(evald)} eval rows" if evald is not None else ""),
