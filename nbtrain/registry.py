@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from nbtrain.paths import home_dir
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -43,15 +46,28 @@ def db_path() -> Path:
     return home_dir() / "registry.sqlite3"
 
 
+def _retry(fn: Callable[[], T]) -> T:
+    """Run ``fn`` again while SQLite says the database is locked. Switching to WAL and creating the
+    schema take locks the busy timeout does not always wait for when many writers start at once."""
+    for attempt in range(100):
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e):
+                raise
+            time.sleep(min(0.5, 0.01 * (attempt + 1)))
+    return fn()
+
+
 @contextmanager
 def connect() -> Iterator[sqlite3.Connection]:
     path = db_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     con = sqlite3.connect(path, timeout=30)
     try:
-        con.execute("PRAGMA journal_mode=WAL")
         con.execute("PRAGMA busy_timeout=30000")
-        con.executescript(_SCHEMA)
+        _retry(lambda: con.execute("PRAGMA journal_mode=WAL"))
+        _retry(lambda: con.executescript(_SCHEMA))
         with con:  # one transaction
             yield con
     finally:
@@ -59,11 +75,14 @@ def connect() -> Iterator[sqlite3.Connection]:
 
 
 def add(run_id: str, name: str, run_dir: Path, state: str, created: float | None = None) -> None:
-    with connect() as con:
-        con.execute(
-            "INSERT INTO runs (id, name, run_dir, created, state, pid) VALUES (?, ?, ?, ?, ?, NULL)",
-            (run_id, name, str(run_dir), created or time.time(), state),
-        )
+    def insert() -> None:
+        with connect() as con:
+            con.execute(
+                "INSERT INTO runs (id, name, run_dir, created, state, pid) VALUES (?, ?, ?, ?, ?, NULL)",
+                (run_id, name, str(run_dir), created or time.time(), state),
+            )
+
+    _retry(insert)
 
 
 def update(run_id: str, *, state: str | None = None, pid: int | None = None) -> None:

@@ -18,14 +18,20 @@ def test_find_by_id_name_and_prefix(tmp_path: Path) -> None:
 
 
 def test_concurrent_writers_all_land(tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+
     def add(i: int) -> None:
-        registry.add(f"id-{i:03d}", "n", tmp_path / str(i), "queued", created=float(i))
+        try:
+            registry.add(f"id-{i:03d}", "n", tmp_path / str(i), "queued", created=float(i))
+        except BaseException as e:  # surfaced below: a thread's exception is otherwise lost
+            errors.append(e)
 
     threads = [threading.Thread(target=add, args=(i,)) for i in range(40)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert errors == []
     assert len(registry.rows()) == 40
 
 
