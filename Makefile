@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned in the same command (STACK-NOTES): an unpinned torch pulls a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0 -e '.[dev]'
+	$(PY) -m pip install -q torch==2.13.0 -e '.[dev,browser]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -29,8 +29,9 @@ lint: install
 typecheck: install
 	$(PY) -m mypy
 
-pytest: install
-	$(PY) -m pytest -q -ra
+# NBTRAIN_REQUIRE_BROWSER: here the browser tests fail, rather than skip, when chromium or the build is missing.
+pytest: install labext
+	NBTRAIN_REQUIRE_BROWSER=1 $(PY) -m pytest -q -ra
 
 test: lint typecheck pytest
 
@@ -38,16 +39,26 @@ bench: install
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache test-output labextension/node_modules \
+		labextension/lib labextension/build-test nbtrain/labextension
 
-# The JupyterLab extension (TypeScript -> nbtrain/labextension, shipped in the wheel as shared-data). Kept
-# out of `test`: the Python tests never need the build, so they pass where npm cannot run.
+# The JupyterLab extension (TypeScript -> nbtrain/labextension, shipped in the wheel as shared-data):
+# ESLint + tsc type-check, node unit tests of its logic, then the build. `make test` runs it (the browser
+# tests need the build).
 .PHONY: labext browser-test
-labext: install
-	cd labextension && npm ci --no-audit --no-fund && npx tsc --sourceMap false \
-		&& PATH="$(abspath $(VENV))/bin:$$PATH" jupyter-builder build .
+LABEXT_NODE := labextension/node_modules/.installed
+$(LABEXT_NODE): labextension/package-lock.json
+	cd labextension && npm ci --no-audit --no-fund
+	touch $@
 
-# JupyterLab in headless Debian chromium (apt-get install chromium; pip install playwright jupyterlab).
+LABEXT_DEV := $(VENV)/share/jupyter/labextensions/nbtrain
+labext: install $(LABEXT_NODE)
+	cd labextension && npm run -s lint && npm test --silent && npx tsc --sourceMap false \
+		&& PATH="$(abspath $(VENV))/bin:$$PATH" jupyter-builder build .
+	cp labextension/install.json nbtrain/labextension/
+	# Like `jupyter labextension develop`: the venv's JupyterLab loads this build, not a copy made at install.
+	rm -rf $(LABEXT_DEV) && ln -s $(abspath nbtrain/labextension) $(LABEXT_DEV)
+
+# Only the JupyterLab tests in headless Debian chromium (apt-get install chromium).
 browser-test: labext
-	$(PY) -m pip install -q -e ".[dev,browser]"
-	$(PY) -m pytest -q -ra -m browser tests/browser
+	NBTRAIN_REQUIRE_BROWSER=1 $(PY) -m pytest -q -ra -m browser tests/browser

@@ -3,6 +3,8 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { KeyMap } from './logic';
+
 export interface IRunInfo {
   id: string;
   name: string;
@@ -13,6 +15,8 @@ export interface IRunInfo {
   step: number;
   max_steps: number | null;
   loss: number | null;
+  // The run's loss history, thinned evenly to a few dozen points (the sidebar's sparkline).
+  losses: number[];
   error: { type?: string; message?: string } | null;
   updated: number | null;
 }
@@ -30,16 +34,11 @@ export interface IGpus {
   sampled: number | null;
 }
 
-export interface IKeyInfo {
-  type: string[];
-  enum: unknown[] | null;
-  default?: unknown;
-  description?: string;
-}
-
 export interface ISchema {
   schema: unknown;
-  keys: { [path: string]: IKeyInfo };
+  keys: KeyMap;
+  // Per objective (sft, dpo, ...): the train.* keys its TRL config accepts.
+  objectives: { [objective: string]: KeyMap };
 }
 
 export async function requestAPI<T>(
@@ -55,7 +54,7 @@ export async function requestAPI<T>(
     throw new ServerConnection.NetworkError(error as TypeError);
   }
   const text = await response.text();
-  let data: any = null;
+  let data: unknown = null;
   if (text.length > 0) {
     try {
       data = JSON.parse(text);
@@ -64,9 +63,11 @@ export async function requestAPI<T>(
     }
   }
   if (!response.ok) {
+    // Tornado's HTTPError reply carries the handler's reason in `message`.
+    const message = (data as { message?: unknown } | null)?.message;
     throw new ServerConnection.ResponseError(
       response,
-      (data && data.message) || text || response.statusText
+      (typeof message === 'string' && message) || text || response.statusText
     );
   }
   return data as T;

@@ -7,14 +7,10 @@ import {
 import { Cell, ICellModel } from '@jupyterlab/cells';
 import { NotebookPanel } from '@jupyterlab/notebook';
 
-import { IKeyInfo, ISchema, requestAPI } from './api';
+import { ISchema, requestAPI } from './api';
+import { completeFinetune, isFinetuneSource } from './logic';
 
-const FINETUNE_RE = /^\s*%%finetune\b/;
 const YAML_MIME = 'text/x-yaml';
-
-export function isFinetuneSource(source: string): boolean {
-  return FINETUNE_RE.test(source);
-}
 
 /**
  * Keep every %%finetune cell of a notebook in YAML mode.
@@ -76,81 +72,15 @@ function getSchema(): Promise<ISchema> {
   return schemaPromise;
 }
 
-const KEY_LINE = /^(\s*)([\w.-]*)$/;
-const VALUE_LINE = /^(\s*)([\w.-]+):\s*([\w.+-]*)$/;
-const PARENT_LINE = /^(\s*)([\w.-]+):\s*(#.*)?$/;
-
-/** The key path above a line with this indentation: the `key:` lines that open its YAML blocks. */
-export function parentPath(lines: string[], indent: number): string[] {
-  const path: string[] = [];
-  let current = indent;
-  for (let i = lines.length - 1; i >= 0 && current > 0; i--) {
-    const m = PARENT_LINE.exec(lines[i]);
-    if (m && m[1].length < current) {
-      path.unshift(m[2]);
-      current = m[1].length;
-    }
-  }
-  return path;
-}
-
-export interface ICompletionResult {
-  start: number;
-  end: number;
-  items: { label: string; insertText: string; type: string; documentation?: string }[];
-}
-
-/** Config keys or values to offer at ``offset`` in a %%finetune cell's text (pure, for testing). */
-export function completeFinetune(
-  text: string,
-  offset: number,
-  keys: { [path: string]: IKeyInfo }
-): ICompletionResult {
-  const none = { start: offset, end: offset, items: [] };
-  const before = text.slice(0, offset);
-  const lines = before.split('\n');
-  if (lines.length < 2 || !isFinetuneSource(text)) {
-    return none; // the magic line itself takes options, not keys
-  }
-  const line = lines[lines.length - 1];
-  const above = lines.slice(1, -1);
-  const keyMatch = KEY_LINE.exec(line);
-  if (keyMatch) {
-    const [, indent, word] = keyMatch;
-    const parent = parentPath(above, indent.length).join('.');
-    const prefix = parent ? parent + '.' : '';
-    const items = Object.entries(keys)
-      .filter(([path]) => path.startsWith(prefix))
-      .map(([path, info]) => [path.slice(prefix.length), info] as const)
-      .filter(([name]) => !name.includes('.') && name.startsWith(word))
-      .map(([name, info]) => ({
-        label: name,
-        insertText: `${name}: `,
-        type: 'key',
-        documentation: info.description
-      }));
-    return { start: offset - word.length, end: offset, items };
-  }
-  const valueMatch = VALUE_LINE.exec(line);
-  if (valueMatch) {
-    const [, indent, key, value] = valueMatch;
-    const path = [...parentPath(above, indent.length), key].join('.');
-    const values = (keys[path]?.enum ?? []).map(v => String(v));
-    const items = values
-      .filter(v => v.startsWith(value))
-      .map(v => ({ label: v, insertText: v, type: 'value' }));
-    return { start: offset - value.length, end: offset, items };
-  }
-  return none;
-}
-
 export class FinetuneCompletionProvider implements ICompletionProvider {
   readonly identifier = 'nbtrain:finetune-keys';
   readonly rank = 800; // above the kernel's completions, which know nothing of the YAML body
 
-  async isApplicable(context: ICompletionContext): Promise<boolean> {
+  isApplicable(context: ICompletionContext): Promise<boolean> {
     const editor = context.editor;
-    return !!editor && isFinetuneSource(editor.model.sharedModel.getSource());
+    return Promise.resolve(
+      !!editor && isFinetuneSource(editor.model.sharedModel.getSource())
+    );
   }
 
   async fetch(
@@ -158,6 +88,6 @@ export class FinetuneCompletionProvider implements ICompletionProvider {
     _context: ICompletionContext
   ): Promise<CompletionHandler.ICompletionItemsReply> {
     const schema = await getSchema();
-    return completeFinetune(request.text, request.offset, schema.keys);
+    return completeFinetune(request.text, request.offset, schema.keys, schema.objectives);
   }
 }

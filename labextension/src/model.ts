@@ -64,8 +64,3 @@ export class RunsModel {
   private _disposed = false;
   private _changed = new Signal<this, void>(this);
 }
-
-export function formatBytes(n: number): string {
-  const gib = n / 1024 ** 3;
-  return gib >= 10 ? `${gib.toFixed(0)} GiB` : `${gib.toFixed(1)} GiB`;
-}

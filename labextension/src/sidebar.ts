@@ -3,7 +3,16 @@ import { showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { IRunInfo, runAction } from './api';
+import {
+  formatBytes,
+  progressFraction,
+  sparklinePath,
+  stepsText
+} from './logic';
 import { RunsModel } from './model';
+
+const SPARK_W = 80;
+const SPARK_H = 18;
 
 export interface ISidebarOptions {
   model: RunsModel;
@@ -26,7 +35,9 @@ export class RunsSidebar extends Widget {
     this._status.className = 'nbtrain-message';
     this._list = document.createElement('ul');
     this._list.className = 'nbtrain-runs';
-    this.node.append(header, this._status, this._list);
+    this._gpus = document.createElement('div');
+    this._gpus.className = 'nbtrain-gpus';
+    this.node.append(header, this._status, this._list, this._gpus);
     this._model.changed.connect(this._render, this);
     this._render();
   }
@@ -63,6 +74,39 @@ export class RunsSidebar extends Widget {
         this._rows.delete(id);
       }
     }
+    this._renderGpus();
+  }
+
+  /** Per-GPU memory in use (NVML, sampled once for all clients by the server); hidden without GPUs. */
+  private _renderGpus(): void {
+    const { gpus, error } = this._model.gpus;
+    this._gpus.replaceChildren();
+    this._gpus.title = error ?? '';
+    if (gpus.length === 0) {
+      this._gpus.style.display = 'none';
+      return;
+    }
+    this._gpus.style.display = '';
+    const head = document.createElement('div');
+    head.className = 'nbtrain-header';
+    head.textContent = 'GPU memory';
+    this._gpus.append(head);
+    for (const g of gpus) {
+      const item = document.createElement('div');
+      item.className = 'nbtrain-gpu';
+      item.dataset.gpuIndex = String(g.index);
+      const label = document.createElement('div');
+      label.className = 'nbtrain-gpu-label';
+      label.textContent = `GPU ${g.index} ${g.name}: ${formatBytes(g.memory_used)} / ${formatBytes(g.memory_total)}`;
+      const bar = document.createElement('div');
+      bar.className = 'nbtrain-progress';
+      const fill = document.createElement('div');
+      fill.className = 'nbtrain-progress-bar nbtrain-gpu-bar';
+      fill.style.width = `${(progressFraction(g.memory_used, g.memory_total) * 100).toFixed(1)}%`;
+      bar.append(fill);
+      item.append(label, bar);
+      this._gpus.append(item);
+    }
   }
 
   private _makeRow(runId: string): HTMLLIElement {
@@ -77,6 +121,8 @@ export class RunsSidebar extends Widget {
       <div class="nbtrain-progress"><div class="nbtrain-progress-bar"></div></div>
       <div class="nbtrain-run-detail">
         <span class="nbtrain-steps"></span>
+        <svg class="nbtrain-spark" width="${SPARK_W}" height="${SPARK_H}" viewBox="0 0 ${SPARK_W} ${SPARK_H}"
+          aria-label="loss"><path fill="none" stroke="currentColor" stroke-width="1.2"/></svg>
         <span class="nbtrain-loss"></span>
       </div>
       <div class="nbtrain-error"></div>
@@ -100,11 +146,11 @@ export class RunsSidebar extends Widget {
     const state = q('.nbtrain-state');
     state.textContent = run.state;
     state.className = `nbtrain-state nbtrain-state-${run.state}`;
-    const frac = run.max_steps ? Math.min(1, run.step / run.max_steps) : 0;
+    const frac = progressFraction(run.step, run.max_steps);
     q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
-    q('.nbtrain-steps').textContent = run.max_steps
-      ? `step ${run.step}/${run.max_steps}`
-      : `step ${run.step}`;
+    q('.nbtrain-steps').textContent = stepsText(run.step, run.max_steps);
+    const spark = row.querySelector('.nbtrain-spark path');
+    spark?.setAttribute('d', sparklinePath(run.losses ?? [], SPARK_W, SPARK_H));
     q('.nbtrain-loss').textContent =
       run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;
     const err = q('.nbtrain-error');
@@ -155,6 +201,7 @@ export class RunsSidebar extends Widget {
   private _openDashboard: (runId: string) => Promise<boolean>;
   private _status: HTMLDivElement;
   private _list: HTMLUListElement;
+  private _gpus: HTMLDivElement;
   private _rows = new Map<string, HTMLLIElement>();
   private _busy = new Set<string>();
 }

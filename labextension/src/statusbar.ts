@@ -1,7 +1,8 @@
 // Status-bar item: how many runs are active and how much GPU memory is in use.
 import { Widget } from '@lumino/widgets';
 
-import { formatBytes, RunsModel } from './model';
+import { activeRunsText, formatBytes } from './logic';
+import { RunsModel } from './model';
 
 export class RunsStatus extends Widget {
   constructor(model: RunsModel) {
@@ -20,7 +21,7 @@ export class RunsStatus extends Widget {
 
   private _render(): void {
     const active = this._model.activeRuns.length;
-    const parts = [`nbtrain: ${active} active run${active === 1 ? '' : 's'}`];
+    const parts = [activeRunsText(active)];
     const gpus = this._model.gpus.gpus;
     if (gpus.length > 0) {
       const used = gpus.reduce((s, g) => s + g.memory_used, 0);

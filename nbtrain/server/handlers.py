@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +40,7 @@ MAX_LOG_LINES = 2000
 GPU_SAMPLE_S = 2.0
 GPU_RETRY_S = 30.0  # without an NVIDIA driver, asking NVML every 2 s would only repeat the same error
 GPU_IDLE_S = 60.0  # the sampler stops when nobody has asked for that long
+SPARK_POINTS = 64  # a run's loss history in the runs listing is thinned to fewer points than this
 
 # Stops wait up to their timeout each; a pool of their own would only hide a pile-up, so one bounded pool
 # serves all handlers and is sized so a few slow stops leave room for the 2 s polls.
@@ -59,37 +61,59 @@ def _lookup(run_id: str) -> tuple[Run, registry.Row]:
     return Run(row.run_dir, run_id=row.id, name=row.name), row
 
 
-class _LastLoss:
-    """Last logged loss per run, read incrementally: each poll costs only the bytes appended since the
-    last one, however long the run's metrics.jsonl has grown."""
+class _LossTrail:
+    """Per run: the last logged loss and a bounded, evenly thinned history of it for the sidebar's
+    sparkline, read incrementally: each poll costs only the bytes appended since the last one, however
+    long the run's metrics.jsonl has grown."""
 
-    def __init__(self) -> None:
+    def __init__(self, points: int = SPARK_POINTS) -> None:
         self._lock = threading.Lock()
-        self._seen: dict[str, tuple[int, float | None]] = {}  # metrics path -> (offset, last loss)
+        self._points = points
+        self._seen: dict[str, _Trail] = {}
 
-    def get(self, path: Path) -> float | None:
+    def get(self, path: Path) -> tuple[float | None, list[float]]:
         key = str(path)
+        # Held for the (incremental, small) read: two tabs polling the same run must not add its new
+        # records twice.
         with self._lock:
-            offset, loss = self._seen.get(key, (0, None))
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            return None
-        if size < offset:  # the file was replaced (a run dir rebuilt): read it again from the start
-            offset, loss = 0, None
-        for end, rec in iter_jsonl(path, offset):
-            offset = end
-            if isinstance(rec.get("loss"), (int, float)):
-                loss = float(rec["loss"])
-        with self._lock:
-            self._seen[key] = (offset, loss)
-        return loss
+            trail = self._seen.get(key) or _Trail()
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                return None, []
+            if size < trail.offset:  # the file was replaced (a run dir rebuilt): read it again from the start
+                trail = _Trail()
+            for end, rec in iter_jsonl(path, trail.offset):
+                trail.offset = end
+                if isinstance(rec.get("loss"), (int, float)):
+                    trail.add(float(rec["loss"]), self._points)
+            self._seen[key] = trail
+            return trail.last, list(trail.kept)
 
 
-_LAST_LOSS = _LastLoss()
+@dataclass
+class _Trail:
+    offset: int = 0
+    last: float | None = None
+    seen: int = 0  # losses read so far
+    stride: int = 1  # every stride-th loss is kept; doubles whenever the kept list fills up
+    kept: list[float] = field(default_factory=list)
+
+    def add(self, loss: float, points: int) -> None:
+        if self.seen % self.stride == 0:
+            self.kept.append(loss)
+            if len(self.kept) >= points:
+                self.kept = self.kept[::2]
+                self.stride *= 2
+        self.seen += 1
+        self.last = loss
+
+
+_LOSS_TRAIL = _LossTrail()
 
 
 def _status_dict(run: Run, row: registry.Row, st: RunStatus) -> dict[str, Any]:
+    loss, losses = _LOSS_TRAIL.get(run.paths.metrics)
     return {
         "id": run.id,
         "name": run.name,
@@ -101,7 +125,8 @@ def _status_dict(run: Run, row: registry.Row, st: RunStatus) -> dict[str, Any]:
         "max_steps": st.max_steps,
         "error": st.error,
         "updated": st.updated,
-        "loss": _LAST_LOSS.get(run.paths.metrics),
+        "loss": loss,
+        "losses": losses,
     }
 
 
@@ -267,23 +292,34 @@ def _schema_keys(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def config_schema() -> dict[str, Any]:
+def _train_keys(objective: str) -> dict[str, dict[str, Any]]:
+    """``train.<name>`` entries for the TRL config of ``objective`` (what the validator accepts there)."""
     from nbtrain import trainargs
-    from nbtrain.config import RunConfig
 
-    schema = RunConfig.model_json_schema()
-    keys = _schema_keys(schema)
-    # train: takes TRL SFTConfig / TrainingArguments names; nbtrain manages a few of them itself.
-    for name, spec in trainargs.sft_fields().items():
-        if name in trainargs.MANAGED:
-            continue
-        keys[f"train.{name}"] = {
+    return {
+        f"train.{name}": {
             "type": list(spec.kinds),
             "enum": list(spec.choices) if spec.choices else None,
             "default": spec.default,
             "description": spec.help,
         }
-    return {"schema": schema, "keys": keys}
+        for name, spec in trainargs.fields_for(objective).items()
+        if name not in trainargs.MANAGED
+    }
+
+
+def config_schema() -> dict[str, Any]:
+    from nbtrain.config import RunConfig
+    from nbtrain.objectives import OBJECTIVES
+
+    schema = RunConfig.model_json_schema()
+    keys = _schema_keys(schema)
+    # train: takes the objective's TRL config names (SFTConfig unless the cell says `objective: dpo` ...);
+    # `keys` carries SFT's, and `objectives` every objective's own train keys, so the editor can complete
+    # what the validator will accept for the objective the cell names.
+    keys.update(_train_keys("sft"))
+    objectives = {name: _train_keys(name) for name in OBJECTIVES}
+    return {"schema": schema, "keys": keys, "objectives": objectives}
 
 
 _SCHEMA_CACHE: dict[str, Any] = {}

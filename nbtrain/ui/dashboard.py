@@ -21,6 +21,7 @@ all show the final chart.
 
 from __future__ import annotations
 
+import copy
 import html
 import json
 import sys
@@ -119,6 +120,7 @@ class Dashboard:
         self._shown = False
         self._static_sig: tuple[Any, ...] | None = None
         self._static_at = 0.0
+        self._unseen_sync_at = 0.0
         # refresh() runs in the thread or in follow(); the lock keeps a stray second caller from
         # interleaving two updates of the same widgets
         self._lock = threading.RLock()
@@ -187,10 +189,28 @@ class Dashboard:
                     self._versions[spec.key] = spec.version(self.tail)
         if new or changed:
             self.updates += 1
+            self._sync_unseen()
         value = self._header_html(st)
         if value != self.header.value:
             self.header.value = value
         self._update_progress(st)
+
+    def _sync_unseen(self, *, force: bool = False) -> None:
+        """Keep the figure's initial state current while no browser view shows it.
+
+        Plotly sends trace updates as messages to the views that exist; a view created later (the
+        frontend is still loading the widget code, a slow machine, a notebook reopened) draws the state
+        the widget had when it was made, so it would stay empty. Until the frontend reports a view
+        (``_view_count``), the full state is re-sent at most once a second instead.
+        """
+        fig = self.fig
+        if fig is None or getattr(fig, "_view_count", None):
+            return
+        now = time.monotonic()
+        if force or now - self._unseen_sync_at >= 1.0:
+            fig._widget_layout = copy.deepcopy(fig._layout_obj._props)
+            fig._widget_data = copy.deepcopy(fig._data)
+            self._unseen_sync_at = now
 
     def _update_progress(self, st: RunStatus) -> None:
         assert self.progress is not None
@@ -278,6 +298,7 @@ class Dashboard:
                     return
             else:
                 self._update_widgets(st)
+                self._sync_unseen(force=True)
                 bundle = {**self._static(st), **self._widget_bundle()}
                 self._handle = display(bundle, raw=True, display_id=True)
         if background:

@@ -7,6 +7,7 @@ stop and checkpoint on a real training run of the tiny model.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 import nbtrain
-from nbtrain.server.handlers import GpuSampler, _schema_keys
+from nbtrain.server.handlers import GpuSampler, _LossTrail, _schema_keys
 from tests.conftest import lora_yaml
 from tests.server.fakes import make_run
 
@@ -64,6 +65,7 @@ async def test_runs_lists_state_progress_and_last_loss(jp_fetch: Fetch) -> None:
     assert (first["state"], first["step"], first["max_steps"], first["loss"]) == ("completed", 10, 10, 1.25)
     assert first["done"] is True
     assert (second["state"], second["loss"]) == ("queued", None)
+    assert first["losses"] == [2.0, 1.5, 1.25] and second["losses"] == []
 
 
 async def test_runs_skips_registered_runs_whose_directory_was_deleted(jp_fetch: Fetch) -> None:
@@ -214,6 +216,35 @@ async def test_schema_has_config_keys_with_enum_values(jp_fetch: Fetch) -> None:
     assert keys["distributed.strategy"]["enum"][:2] == ["auto", "none"]
     assert "data.train" in keys and "distributed.slurm.partition" in keys
     assert "train.learning_rate" in keys and "train.output_dir" not in keys  # nbtrain sets output_dir
+
+
+async def test_schema_serves_each_objectives_own_train_keys(jp_fetch: Fetch) -> None:
+    got = await get_json(jp_fetch, "schema")
+    objectives = got["objectives"]
+    assert set(objectives) == {"sft", "dpo", "orpo", "kto", "grpo"}
+    assert "train.beta" in objectives["dpo"] and "train.beta" not in got["keys"]  # DPOConfig's, not SFT's
+    assert "train.num_generations" in objectives["grpo"]
+    assert "train.packing" in objectives["sft"] and "train.packing" not in objectives["dpo"]
+    assert all("train.output_dir" not in keys for keys in objectives.values())
+
+
+def test_loss_trail_keeps_a_bounded_evenly_thinned_history(tmp_path: Path) -> None:
+    from nbtrain.rundir import JsonlWriter
+
+    path = tmp_path / "metrics.jsonl"
+    w = JsonlWriter(path, "metrics")
+    trail = _LossTrail(points=8)
+    for step in range(1, 101):
+        w.write({"step": step, "loss": float(step)})
+        if step % 7 == 0:
+            trail.get(path)  # polls in between read only what was appended
+    w.close()
+    last, kept = trail.get(path)
+    assert last == 100.0
+    assert len(kept) < 8 and kept[0] == 1.0
+    gaps = {b - a for a, b in itertools.pairwise(kept)}
+    assert len(gaps) == 1  # evenly spaced over the whole run, not just its tail
+    assert kept[-1] > 80  # and reaching near its end
 
 
 def test_schema_keys_follow_refs_and_optional_objects() -> None:

@@ -92,6 +92,31 @@ def test_thread_updates_the_figure_widget_as_lines_are_appended(files: RunFiles,
     assert dash.error is None
 
 
+def _synced_loss(dash: Dashboard) -> list[float]:
+    """The loss values in the state a browser view created now would draw (plotly's _widget_data)."""
+    assert dash.fig is not None
+    data = dash.fig._widget_data
+    return next((list(t["y"]) for t in data if t.get("name") == "loss"), [])
+
+
+def test_a_view_created_late_draws_the_current_data_not_the_initial_state(
+    files: RunFiles, dash: Dashboard
+) -> None:
+    # No browser has drawn the widget yet (_view_count 0): updates sent as messages reach no view, so the
+    # state a late view starts from must follow the data.
+    dash.start()
+    wait_for(lambda: dash.fig is not None)
+    files.steps(1, 6)
+    wait_for(lambda: len(_synced_loss(dash)) == 5, timeout=5.0)
+    assert dash.fig is not None and dash.fig._view_count == 0
+    # Once a view exists it receives the updates itself: the full state is no longer re-sent.
+    dash.fig._view_count = 1
+    files.steps(6, 9)
+    wait_for(lambda: len(trace(dash, "loss").x) == 8)
+    time.sleep(1.2)
+    assert len(_synced_loss(dash)) == 5
+
+
 def test_no_update_is_sent_while_nothing_changes(files: RunFiles, dash: Dashboard) -> None:
     files.steps(1, 4)
     dash.start()

@@ -1,0 +1,104 @@
+// Unit tests of the extension's pure logic, run with node's test runner (`npm test`).
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import {
+  completeFinetune,
+  keysFor,
+  KeyMap,
+  objectiveOf,
+  parentPath,
+  progressFraction,
+  sparklinePath,
+  stepsText
+} from '../src/logic';
+
+const KEYS: KeyMap = {
+  model: { type: ['string'], enum: null },
+  method: { type: ['string'], enum: ['auto', 'full', 'lora', 'qlora'] },
+  objective: { type: ['string'], enum: ['sft', 'dpo'] },
+  lora: { type: ['object'], enum: null },
+  'lora.r': { type: ['integer'], enum: null, description: 'rank' },
+  'lora.bias': { type: ['string'], enum: ['none', 'all', 'lora_only'] },
+  train: { type: ['object'], enum: null },
+  'train.learning_rate': { type: ['number'], enum: null },
+  'train.packing': { type: ['boolean'], enum: null }
+};
+const OBJECTIVES: { [o: string]: KeyMap } = {
+  dpo: {
+    'train.learning_rate': { type: ['number'], enum: null },
+    'train.beta': { type: ['number'], enum: null },
+    'train.loss_type': { type: ['string'], enum: ['sigmoid', 'ipo'] }
+  }
+};
+
+/** Completion labels with the cursor at the end of ``text``. */
+function labels(text: string): string[] {
+  return completeFinetune(text, text.length, KEYS, OBJECTIVES).items.map(i => i.label);
+}
+
+test('top-level keys are offered on an empty line of a %%finetune cell', () => {
+  assert.deepEqual(labels('%%finetune\nmo'), ['model']);
+  assert.deepEqual(labels('%%finetune --name x\nl'), ['lora']);
+});
+
+test('nothing is offered outside a %%finetune cell or on the magic line', () => {
+  assert.deepEqual(labels('print(1)\nmo'), []);
+  assert.deepEqual(labels('%%finetune'), []);
+});
+
+test('nested keys follow the indentation of their block', () => {
+  assert.deepEqual(labels('%%finetune\nlora:\n  '), ['bias', 'r']);
+  assert.deepEqual(labels('%%finetune\nlora:\n  r: 8\nmethod: lora\nlo'), ['lora']);
+  const text = '%%finetune\nlora:\n  b';
+  const r = completeFinetune(text, text.length, KEYS);
+  assert.equal(r.start, text.length - 1); // the typed prefix is replaced
+  assert.equal(r.items[0].insertText, 'bias: ');
+});
+
+test('enum values are offered after a key', () => {
+  assert.deepEqual(labels('%%finetune\nmethod: q'), ['qlora']);
+  assert.deepEqual(labels('%%finetune\nlora:\n  bias: '), ['none', 'all', 'lora_only']);
+  assert.deepEqual(labels('%%finetune\nlora:\n  r: '), []);
+});
+
+test('train keys follow the objective the cell names', () => {
+  assert.deepEqual(labels('%%finetune\ntrain:\n  '), ['learning_rate', 'packing']);
+  const dpo = '%%finetune\nobjective: dpo\ntrain:\n  ';
+  assert.deepEqual(labels(dpo), ['beta', 'learning_rate', 'loss_type']);
+  assert.deepEqual(labels(dpo + 'loss_type: i'), ['ipo']);
+  // An objective the server does not know keeps the common keys rather than offering nothing.
+  assert.deepEqual(labels('%%finetune\nobjective: zzz\ntrain:\n  '), ['learning_rate', 'packing']);
+});
+
+test('objectiveOf reads only a top-level objective key', () => {
+  assert.equal(objectiveOf('%%finetune\nobjective: dpo # pairs\n'), 'dpo');
+  assert.equal(objectiveOf("%%finetune\nobjective: 'kto'\n"), 'kto');
+  assert.equal(objectiveOf('%%finetune\ntrain:\n  objective: dpo\n'), null);
+  assert.equal(keysFor('%%finetune\n', KEYS, OBJECTIVES), KEYS);
+});
+
+test('parentPath walks up through enclosing blocks only', () => {
+  const lines = ['data:', '  columns:', '    prompt: q', '  format: auto', 'lora:', '  r: 8'];
+  assert.deepEqual(parentPath(lines, 2), ['lora']);
+  assert.deepEqual(parentPath(lines.slice(0, 3), 4), ['data', 'columns']);
+  assert.deepEqual(parentPath(lines, 0), []);
+});
+
+test('sparkline spans the box with the highest loss at the top', () => {
+  const d = sparklinePath([4, 2, 1], 80, 18);
+  assert.equal(d, 'M0.0 1.0 L40.0 11.7 L80.0 17.0');
+  assert.equal(sparklinePath([1], 80, 18), '');
+  assert.equal(sparklinePath([], 80, 18), '');
+  // A flat loss draws a line instead of dividing by zero; a NaN (diverged step) is skipped.
+  assert.match(sparklinePath([2, 2], 80, 18), /^M0\.0 \d+\.\d L80\.0 \d+\.\d$/);
+  assert.equal(sparklinePath([3, NaN, 1], 80, 18).split('L').length, 2);
+});
+
+test('progress is clamped and unknown lengths read as 0', () => {
+  assert.equal(progressFraction(5, 10), 0.5);
+  assert.equal(progressFraction(12, 10), 1);
+  assert.equal(progressFraction(5, null), 0);
+  assert.equal(stepsText(5, 10), 'step 5/10');
+  assert.equal(stepsText(5, null), 'step 5');
+});
