@@ -26,10 +26,15 @@ from nbtrain.api import (
     runs,
     start,
 )
+from nbtrain.datapreview import DataPreview, preview
 from nbtrain.errors import ConfigError, NbtrainError, RunFailed, RunNotFound
+from nbtrain.evaluate import EvalReport, evaluate, latest_eval
+from nbtrain.export import ExportResult, export
+from nbtrain.grading import CheckReport, check, record, records
 from nbtrain.notebook_launch import launch_function
 from nbtrain.runlog import log, should_stop
 from nbtrain.runs import Run, RunStatus, get_run
+from nbtrain.scoring import preference_scores
 
 
 def panel(config: Any = None) -> Any:
@@ -47,7 +52,11 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 __all__ = [
+    "CheckReport",
     "ConfigError",
+    "DataPreview",
+    "EvalReport",
+    "ExportResult",
     "NbtrainError",
     "Prepared",
     "Run",
@@ -55,18 +64,26 @@ __all__ = [
     "RunNotFound",
     "RunStatus",
     "__version__",
+    "check",
     "estimate",
+    "evaluate",
     "example_data",
+    "export",
     "finetune",
     "get_run",
     "last_run",
+    "latest_eval",
     "launch_function",
     "load_ipython_extension",
     "log",
     "make_tiny_model",
     "panel",
+    "preference_scores",
     "prepare",
+    "preview",
     "probe",
+    "record",
+    "records",
     "resume",
     "runs",
     "should_stop",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain import __version__, registry, rewards, trainargs
-from nbtrain.config import Resolved, load_config, planned_problems
+from nbtrain.config import Resolved, load_config, planned_problems, problems_error
 from nbtrain.distributed import (
     deepspeed_config,
     free_port,
@@ -33,6 +33,7 @@ from nbtrain.hardware import Hardware
 from nbtrain.hardware import probe as probe_hardware
 from nbtrain.launch import LaunchFailed, spawn, worker_env
 from nbtrain.plan import Plan, make_plan, train_args
+from nbtrain.preset import find_preset
 from nbtrain.rundir import METRICS_SCHEMA, atomic_write_json, atomic_write_text, read_jsonl, write_status
 from nbtrain.runs import Run, all_runs, create_run_dir, get_run, last_checkpoint
 
@@ -62,7 +63,11 @@ class Prepared:
             "name": self.name,
             "config": r.config.model_dump(mode="json"),
             "model_kind": r.model_kind,
-            "data": {"train": asdict(r.train_data), "eval": asdict(r.eval_data) if r.eval_data else None},
+            "data": {
+                "train": asdict(r.train_data),
+                "eval": asdict(r.eval_data) if r.eval_data else None,
+                "sources": [asdict(s) for s in r.train_sources or [r.train_data]],
+            },
             "train_args": self.train_args,
             "plan": self.plan.to_dict(),
             "hardware": self.hardware.to_dict(),
@@ -119,16 +124,28 @@ def prepare(
     hardware: Hardware | None = None,
     namespace: Mapping[str, Any] | None = None,
     capture_rewards: bool = True,
+    enforce_preset: bool = True,
 ) -> Prepared:
     """Validate ``config`` (YAML text, a dict, or a .yaml path) and plan it. Raises ConfigError.
+
+    A lab preset (nbtrain.preset) in force is applied; with ``enforce_preset=False`` (the estimate, which
+    students use to find what fits) the rules only the plan shows, such as the memory cap, become
+    warnings instead of errors.
 
     For objective: grpo the functions named in ``rewards:`` are looked up in ``namespace`` (default:
     the notebook's) and serialised now, so a bad name fails here, before anything starts.
     """
-    res = load_config(config, name=name)
+    preset = find_preset()  # instructor mode: nbtrain.lab.yaml here or above, or $NBTRAIN_PRESET
+    res = load_config(config, name=name, preset=preset)
     payload = rewards.capture_for(res, namespace) if capture_rewards else None
     hw = hardware or probe_hardware()
     plan = make_plan(res, hw)
+    if preset is not None:
+        violations = preset.plan_problems(res, plan)
+        if violations and enforce_preset:
+            raise problems_error(res.text, violations)
+        plan.warnings += [message for _, message in violations]
+        res.notes.append(f"lab preset: {preset.source}")
     if res.config.method != plan.method:  # method: auto, decided by the planner
         res.config = res.config.model_copy(update={"method": plan.method})
     args = train_args(res, plan)
@@ -325,7 +342,7 @@ def estimate(config: str | Path | dict[str, Any], *, hardware: Hardware | None =
     """Will it fit? The memory estimate of ``config`` as planned here, and the alternatives."""
     from nbtrain import memory
 
-    prep = prepare(config, hardware=hardware)
+    prep = prepare(config, hardware=hardware, enforce_preset=False)
     mc = memory.load_model_config(prep.resolved.config.model)
     table: list[dict[str, Any]] = []
     if mc is not None:

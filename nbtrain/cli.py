@@ -2,6 +2,7 @@
 
 nbtrain run CONFIG.yaml [--name N] [--dry-run] [--wait]
 nbtrain ls | status RUN | logs RUN [-n N] | stop RUN | wait RUN | attach RUN
+nbtrain eval RUN [--compare-base] [--tasks T ...] | export RUN --to DIR [--no-merge] [--dtype bf16]
 nbtrain tiny-model DIR | example-data FILE
 """
 
@@ -66,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--timeout", type=float, default=60.0)
     q = sub.add_parser("estimate", help="will it fit? memory estimate of a config and the alternatives")
     q.add_argument("config")
+    q = sub.add_parser("preview", help="the first examples as the model sees them, and token lengths")
+    q.add_argument("config", help="a .yaml config, or a run (id, name, directory)")
+    q.add_argument("-n", type=int, default=5)
+    q.add_argument("--stats-rows", type=int, default=2000)
     q = sub.add_parser("probe", help="run a few real steps: measured peak memory and speed")
     q.add_argument("config")
     q.add_argument("--steps", type=int, default=5)
@@ -74,6 +79,20 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("resume", help="continue a stopped or failed run from its last checkpoint")
     q.add_argument("run")
     q.add_argument("--wait", action="store_true")
+    q = sub.add_parser("eval", help="held-out loss and perplexity of a run (and lm-eval tasks)")
+    q.add_argument("run")
+    q.add_argument("--compare-base", action="store_true")
+    q.add_argument("--file", default=None)
+    q.add_argument("--tasks", nargs="+", default=None)
+    q.add_argument("--limit", type=float, default=None)
+    q = sub.add_parser("export", help="save a run's model as a standalone directory (LoRA merged)")
+    q.add_argument("run")
+    q.add_argument("--to", required=True)
+    q.add_argument("--merge", action=argparse.BooleanOptionalAction, default=True)
+    q.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    q.add_argument("--overwrite", action="store_true")
+    q.add_argument("--push-to-hub", default=None, metavar="REPO")
+    q.add_argument("--public", action="store_true")
     q = sub.add_parser("tiny-model", help="build the tiny local test model")
     q.add_argument("dir")
     q = sub.add_parser("example-data", help="write the addition example dataset")
@@ -112,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "estimate":
             print(api.estimate(args.config).text())
             return 0
+        if args.cmd == "preview":
+            from nbtrain.datapreview import preview
+
+            print(preview(args.config, n=args.n, stats_rows=args.stats_rows).text())
+            return 0
         if args.cmd == "probe":
             print(api.probe(args.config, steps=args.steps).text())
             return 0
@@ -123,6 +147,20 @@ def main(argv: list[str] | None = None) -> int:
             run = api.resume(args.run)
             print(f"resumed {run.id}")
             return _follow(run, None) if args.wait else 0
+        if args.cmd == "eval":
+            from nbtrain.evaluate import evaluate
+
+            report = evaluate(args.run, compare_base=args.compare_base, file=args.file, tasks=args.tasks,
+                              limit=args.limit)  # fmt: skip
+            print(f"{report.table().to_string()}\n(saved in {report.path})")
+            return 0
+        if args.cmd == "export":
+            from nbtrain.export import export
+
+            out = export(args.run, to=args.to, merge=args.merge, dtype=args.dtype, overwrite=args.overwrite,
+                         push_to_hub=args.push_to_hub, private=not args.public)  # fmt: skip
+            print(repr(out))
+            return 0
         if args.cmd == "tiny-model":
             print(api.make_tiny_model(args.dir))
             return 0

@@ -14,19 +14,22 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nbtrain import trainargs
+from nbtrain import tracking, trainargs
 from nbtrain.datacheck import DataProblem, DataSource, inspect_data
 from nbtrain.errors import ConfigError, Problem
 from nbtrain.formats import CANONICAL_COLUMNS, FORMATS, SFT_FORMATS
 from nbtrain.objectives import OBJECTIVES, UNAVAILABLE
+
+if TYPE_CHECKING:
+    from nbtrain.preset import Preset
 
 METHODS = ("full", "lora", "qlora")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -64,35 +67,99 @@ class QuantSettings(_Strict):
     double_quant: bool = True
 
 
-class DataSettings(_Strict):
-    train: str = Field(min_length=1)
-    format: Literal["auto", "messages", "alpaca", "sharegpt", "text", "preference", "unpaired", "prompt"] = (
-        "auto"
-    )
-    eval_split: float | None = Field(None, gt=0, lt=1)
-    eval: str | None = None
-    max_samples: int | None = Field(None, gt=0)
-    # {nbtrain's name: the dataset's column}, e.g. {prompt: question, chosen: good, rejected: bad}
-    columns: dict[str, str] | None = None
+def _columns_problem(v: dict[str, str]) -> str | None:
+    for canonical, column in v.items():
+        if canonical not in CANONICAL_COLUMNS:
+            close = difflib.get_close_matches(canonical, list(CANONICAL_COLUMNS), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            return (
+                f"columns: maps nbtrain's names to your dataset's columns; {canonical!r} is not one of "
+                f"{', '.join(CANONICAL_COLUMNS)}{hint}"
+            )
+        if not column:
+            return f"columns: {canonical}: needs the name of a column in your data"
+    sources = list(v.values())
+    if len(set(sources)) != len(sources):
+        return "columns: maps two names to the same column"
+    return None
+
+
+DataFormat = Literal["auto", "messages", "alpaca", "sharegpt", "text", "preference", "unpaired", "prompt"]
+
+
+class DataSourceSettings(_Strict):
+    """One entry of ``data: train:`` as a list: several datasets mixed (by weight, or concatenated)."""
+
+    path: str = Field(min_length=1)
+    weight: float | None = Field(None, gt=0)  # relative; normalised to probabilities over the list
+    format: DataFormat | None = None  # default: data: format:
+    columns: dict[str, str] | None = None  # default: data: columns:
+    split: str | None = Field(None, min_length=1)  # hub / save_to_disk datasets with several splits
 
     @field_validator("columns")
     @classmethod
     def _columns_ok(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        problem = _columns_problem(v) if v is not None else None
+        if problem:
+            raise ValueError(problem)
+        return v
+
+
+STOPPING_STRATEGIES = ("all_exhausted", "first_exhausted", "all_exhausted_without_replacement")
+
+
+class DataSettings(_Strict):
+    # a path or hub id, or a list of sources [{path, weight?, format?, columns?, split?}, ...]
+    train: str | list[DataSourceSettings]
+    format: DataFormat = "auto"
+    # a fraction of the training rows (0.1), or a number of rows (200; the only choice when streaming)
+    eval_split: float | int | None = None
+    eval: str | None = None
+    max_samples: int | None = Field(None, gt=0)
+    # {nbtrain's name: the dataset's column}, e.g. {prompt: question, chosen: good, rejected: bad}
+    columns: dict[str, str] | None = None
+    # read the data as it trains (datasets' IterableDataset): for data larger than memory
+    streaming: bool = False
+    # how weighted sources are mixed (datasets.interleave_datasets): all_exhausted = until every source
+    # has been seen once (smaller ones repeat), first_exhausted = until one runs out
+    stopping_strategy: Literal["all_exhausted", "first_exhausted", "all_exhausted_without_replacement"] = (
+        "all_exhausted"
+    )
+
+    @field_validator("train")
+    @classmethod
+    def _train_ok(cls, v: str | list[DataSourceSettings]) -> str | list[DataSourceSettings]:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("train: needs a data file, a save_to_disk() directory or a hub dataset id")
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("train: lists at least one source ({path: ..., weight: ...})")
+            weighted = [s.weight is not None for s in v]
+            if any(weighted) and not all(weighted):
+                raise ValueError(
+                    "train: give every source a weight (they are mixed in those proportions) or none "
+                    "(the sources are concatenated)"
+                )
+        return v
+
+    @field_validator("eval_split")
+    @classmethod
+    def _eval_split_ok(cls, v: float | int | None) -> float | int | None:
         if v is None:
             return v
-        for canonical, column in v.items():
-            if canonical not in CANONICAL_COLUMNS:
-                close = difflib.get_close_matches(canonical, list(CANONICAL_COLUMNS), n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
-                raise ValueError(
-                    f"columns: maps nbtrain's names to your dataset's columns; {canonical!r} is not one of "
-                    f"{', '.join(CANONICAL_COLUMNS)}{hint}"
-                )
-            if not column:
-                raise ValueError(f"columns: {canonical}: needs the name of a column in your data")
-        sources = list(v.values())
-        if len(set(sources)) != len(sources):
-            raise ValueError("columns: maps two names to the same column")
+        if isinstance(v, int) and not isinstance(v, bool):
+            if v < 1:
+                raise ValueError("eval_split is a fraction between 0 and 1 (0.1) or a number of rows (200)")
+        elif not 0 < v < 1:
+            raise ValueError("eval_split is a fraction between 0 and 1 (0.1) or a number of rows (200)")
+        return v
+
+    @field_validator("columns")
+    @classmethod
+    def _columns_ok(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        problem = _columns_problem(v) if v is not None else None
+        if problem:
+            raise ValueError(problem)
         return v
 
     @model_validator(mode="after")
@@ -100,6 +167,12 @@ class DataSettings(_Strict):
         if self.eval is not None and self.eval_split is not None:
             raise ValueError("give either eval (a path) or eval_split (a fraction), not both")
         return self
+
+    def sources(self) -> list[DataSourceSettings]:
+        """``train:`` as a list of sources (a plain string is one source)."""
+        if isinstance(self.train, str):
+            return [DataSourceSettings.model_validate({"path": self.train})]
+        return list(self.train)
 
 
 STRATEGIES = ("auto", "none", "ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -187,6 +260,8 @@ class Resolved:
     eval_data: DataSource | None
     notes: list[str] = field(default_factory=list)
     user_deepspeed: dict[str, Any] | None = None  # the JSON of distributed.deepspeed_config, checked
+    # every data: train: source (train_data is the first)
+    train_sources: list[DataSource] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------- YAML lines
@@ -241,13 +316,14 @@ def _fields_of(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Field names of the sub-model at ``loc`` (for did-you-mean on unknown keys)."""
     cur: type[BaseModel] = model
     for part in loc:
+        if isinstance(part, int):
+            continue  # an index into a list of sub-models (data: train: [{path: ...}, ...])
         f = cur.model_fields.get(str(part))
         if f is None:
             return []
         ann = f.annotation
-        sub = [
-            a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)
-        ]
+        args = [x for a in getattr(ann, "__args__", (ann,)) for x in getattr(a, "__args__", (a,))]
+        sub = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
         if not sub:
             return []
         cur = sub[0]
@@ -275,9 +351,25 @@ def _clean_loc(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _other_branch(loc: tuple[Any, ...], raw: Any) -> bool:
+    """An error from the ``str`` branch of a union (``train: str | list[...]``) when the user wrote a
+    list there: the list branch's own errors say what is wrong, this one only adds noise."""
+    cur = raw
+    for part in loc:
+        if part == "str" and isinstance(cur, list | dict):
+            return True
+        if (isinstance(cur, dict) and part in cur) or (
+            isinstance(cur, list) and isinstance(part, int) and part < len(cur)
+        ):
+            cur = cur[part]
+    return False
+
+
 def _schema_problems(err: ValidationError, raw: Any, probs: _Problems) -> None:
     seen: set[tuple[Any, ...]] = set()
     for e in err.errors():
+        if _other_branch(tuple(e["loc"]), raw):
+            continue
         loc = _clean_loc(tuple(e["loc"]), raw)
         # A union reports once per branch; keep the first message for each location.
         if loc in seen:
@@ -374,6 +466,8 @@ def _check_train(train: dict[str, Any], precision: Any, probs: _Problems, object
         msg = trainargs.check_key(key, objective)
         if msg is None:
             msg = trainargs.check_value(key, value, objective)
+        if msg is None and key == "report_to":
+            msg = tracking.report_to_problem(value)
         if msg:
             probs.add(("train", key), msg)
 
@@ -622,6 +716,77 @@ def _method_sections(cfg: RunConfig, probs: _Problems) -> None:
         probs.add(("quantization",), f"quantization: applies to method: qlora only (method is {cfg.method})")
 
 
+def _data_sections(cfg: RunConfig, probs: _Problems) -> None:
+    d = cfg.data
+    if not d.streaming:
+        return
+    steps = cfg.train.get("max_steps")
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps > 0):
+        probs.add(
+            ("data", "streaming"),
+            "streaming: true reads the data as it trains, so its length is unknown and epochs cannot be "
+            "counted: set train: max_steps: N (the number of optimizer steps to run)",
+        )
+    if isinstance(d.eval_split, float):
+        probs.add(
+            ("data", "eval_split"),
+            f"eval_split: {d.eval_split} is a fraction, but a streamed dataset has no known length: give a "
+            f"number of rows (eval_split: 200 holds out the first 200) or eval: PATH",
+        )
+
+
+def _check_sources(
+    data: dict[str, Any],
+    fmt: str,
+    columns: dict[str, str] | None,
+    base: Path,
+    objective: str,
+    probs: _Problems,
+) -> list[DataSource]:
+    """Inspect every ``data: train:`` source (a string or a list of them) with its own format and
+    column mapping; sources that cannot be mixed (conversations with plain text, ...) are a problem."""
+    train = data.get("train")
+    if isinstance(train, str) and train:
+        try:
+            return [inspect_data(train, fmt, base, objective, columns)]
+        except DataProblem as e:
+            probs.add(("data", "train"), str(e))
+            return []
+    if not isinstance(train, list):
+        return []
+    out: list[DataSource] = []
+    for i, item in enumerate(train):
+        try:
+            spec = DataSourceSettings.model_validate(item)
+        except ValidationError:
+            continue  # reported by the schema pass
+        src_fmt = spec.format or fmt
+        try:
+            src = inspect_data(spec.path, src_fmt, base, objective, spec.columns or columns, split=spec.split)
+        except DataProblem as e:
+            probs.add(("data", "train", i, "path"), str(e))
+            continue
+        out.append(replace(src, weight=spec.weight, split=spec.split, columns=spec.columns))
+    if len(out) != len(train):
+        return out
+    kinds: dict[str, list[str]] = {}
+    for src in out:
+        if src.format == "auto":
+            continue  # a hub dataset: checked in the worker
+        kind = src.format
+        if objective == "sft":
+            kind = "plain text" if src.format == "text" else "conversations"
+        kinds.setdefault(kind, []).append(Path(src.spec).name)
+    if len(kinds) > 1:
+        parts = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in kinds.items())
+        probs.add(
+            ("data", "train"),
+            f"these sources cannot be mixed, the trainer takes one kind of row ({parts}); convert them to "
+            f"one format or train on them in separate runs",
+        )
+    return out
+
+
 # ------------------------------------------------------------------------------------------- entry
 
 
@@ -670,8 +835,13 @@ def parse_source(source: str | Path | dict[str, Any]) -> tuple[dict[str, Any] | 
     return raw, text, base
 
 
-def load_config(source: str | Path | dict[str, Any], *, name: str | None = None) -> Resolved:
-    """Validate a config and everything it points at; raise ConfigError listing every problem."""
+def load_config(
+    source: str | Path | dict[str, Any], *, name: str | None = None, preset: Preset | None = None
+) -> Resolved:
+    """Validate a config and everything it points at; raise ConfigError listing every problem.
+
+    With a lab ``preset`` (nbtrain.preset), what it fixes and the config leaves out is filled in first,
+    and its violations are reported with the other problems."""
     raw, text, base = parse_source(source)
     probs = _Problems(text)
     if raw is None:
@@ -686,6 +856,10 @@ def load_config(source: str | Path | dict[str, Any], *, name: str | None = None)
         )
     if name is not None:
         raw = {**raw, "name": name}
+    if preset is not None:
+        raw = preset.fill(raw)
+        for path, message in preset.config_problems(raw, base):
+            probs.add(path, message)
     cfg: RunConfig | None = None
     try:
         cfg = RunConfig.model_validate(raw)
@@ -708,6 +882,7 @@ def load_config(source: str | Path | dict[str, Any], *, name: str | None = None)
     user_ds: dict[str, Any] | None = None
     if cfg is not None:
         _method_sections(cfg, probs)
+        _data_sections(cfg, probs)
         _objective_sections(cfg, probs)
         user_ds = _check_distributed(cfg, base, probs)
     data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
@@ -722,19 +897,21 @@ def load_config(source: str | Path | dict[str, Any], *, name: str | None = None)
     except ValidationError:
         columns_ok = False
     sources: dict[str, DataSource] = {}
-    for key in ("train", "eval"):
-        if isinstance(data.get(key), str) and data[key] and known_objective is not None and columns_ok:
+    train_sources: list[DataSource] = []
+    if known_objective is not None and columns_ok:
+        train_sources = _check_sources(data, fmt, columns, base, known_objective, probs)
+        if isinstance(data.get("eval"), str) and data["eval"]:
             try:
-                sources[key] = inspect_data(data[key], fmt, base, known_objective, columns)
+                sources["eval"] = inspect_data(data["eval"], fmt, base, known_objective, columns)
             except DataProblem as e:
-                probs.add(("data", key), str(e))
+                probs.add(("data", "eval"), str(e))
     if raw.get("method") == "qlora":
         why = bitsandbytes_problem(tuple(sys.path))
         if why:
             probs.add(("method",), f"method: qlora needs bitsandbytes: {why}")
     if probs.items or cfg is None:
         raise ConfigError(sorted(probs.items, key=lambda p: (p.line or 0, p.path)))
-    train_src, eval_src = sources["train"], sources.get("eval")
+    train_src, eval_src = train_sources[0], sources.get("eval")
 
     # Fill defaults that depend on the method, and make paths absolute for the worker.
     updates: dict[str, Any] = {}
@@ -745,6 +922,11 @@ def load_config(source: str | Path | dict[str, Any], *, name: str | None = None)
     if model_kind == "local":
         updates["model"] = str((base / Path(cfg.model).expanduser()).resolve())
     data_updates: dict[str, Any] = {"train": train_src.location}
+    if isinstance(cfg.data.train, list):
+        data_updates["train"] = [
+            s.model_copy(update={"path": src.location})
+            for s, src in zip(cfg.data.train, train_sources, strict=True)
+        ]
     if eval_src is not None:
         data_updates["eval"] = eval_src.location
     updates["data"] = cfg.data.model_copy(update=data_updates)
@@ -760,6 +942,18 @@ def load_config(source: str | Path | dict[str, Any], *, name: str | None = None)
         f"data: {train_src.kind} file, format {train_src.format}"
         + (" (detected)" if cfg.data.format == "auto" and train_src.kind != "hub" else "")
     ]
+    if len(train_sources) > 1:
+        how = (
+            f"mixed by weight ({cfg.data.stopping_strategy})"
+            if train_sources[0].weight is not None
+            else "concatenated"
+        )
+        notes[0] = f"data: {len(train_sources)} sources {how}: " + ", ".join(
+            f"{Path(s.spec).name} [{s.kind}, {s.format}" + (f", weight {s.weight:g}]" if s.weight else "]")
+            for s in train_sources
+        )
+    if cfg.data.streaming:
+        notes.append(f"data: streaming (an IterableDataset; {cfg.train['max_steps']} steps)")
     if cfg.objective != "sft":
         notes.append(f"objective: {cfg.objective} ({OBJECTIVES[cfg.objective].summary})")
-    return Resolved(cfg, text, model_kind, train_src, eval_src, notes, user_ds)
+    return Resolved(cfg, text, model_kind, train_src, eval_src, notes, user_ds, train_sources)

@@ -30,6 +30,10 @@ class DataSource:
     kind: str  # jsonl | json | csv | parquet | disk | hub
     format: str  # detected or given; "auto" when it could not be looked at (hub)
     sample_rows: int  # rows looked at
+    # a source in a data: train: list
+    weight: float | None = None
+    split: str | None = None
+    columns: dict[str, str] | None = None
 
 
 class DataProblem(ValueError):
@@ -107,11 +111,16 @@ def _rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     yield from _rows_arrow_table(pf.read_row_group(0))
 
 
-def _rows_disk(path: Path) -> Iterator[tuple[int, Any]]:
+def _rows_disk(path: Path, split: str | None = None) -> Iterator[tuple[int, Any]]:
     """A ``datasets.save_to_disk`` directory: read its first Arrow shard with pyarrow."""
     import pyarrow as pa
 
-    d = path / "train" if (path / "dataset_dict.json").exists() else path
+    d = path
+    if (path / "dataset_dict.json").exists():
+        d = path / (split or "train")
+        if not d.is_dir():
+            splits = sorted(p.name for p in path.iterdir() if p.is_dir())
+            raise DataProblem(f"{path.name} has no split {split or 'train'!r}; its splits: {splits}")
     shards = sorted(d.glob("*.arrow"))
     if not (d / "state.json").exists() or not shards:
         raise DataProblem(
@@ -148,7 +157,13 @@ def _one_sided_labels(rows: list[tuple[int, Any]], columns: dict[str, str] | Non
 
 
 def inspect_data(
-    spec: str, fmt: str, base: Path, objective: str = "sft", columns: dict[str, str] | None = None
+    spec: str,
+    fmt: str,
+    base: Path,
+    objective: str = "sft",
+    columns: dict[str, str] | None = None,
+    *,
+    split: str | None = None,
 ) -> DataSource:
     """Find ``spec`` (a path or a hub id), read a sample and check its format for ``objective``
     (after renaming ``columns``); raise DataProblem."""
@@ -171,7 +186,7 @@ def inspect_data(
         kind = found
         if path.stat().st_size == 0:
             raise DataProblem(f"data file is empty: {path}")
-    rows = list(_READERS[kind](path))
+    rows = list(_rows_disk(path, split) if kind == "disk" else _READERS[kind](path))
     if not rows:
         raise DataProblem(f"data file has no rows: {path}")
     resolved, problem = check_rows(rows, fmt, objective, columns)

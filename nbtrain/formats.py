@@ -135,6 +135,10 @@ def _str_field(row: Mapping[str, Any], key: str, *, required: bool = True) -> st
     v = row.get(key)
     if v is None and not required:
         return ""
+    if key not in row:
+        raise RowError(f"field {key!r} is missing (its fields: {sorted(row)})")
+    if v is None:  # datasets fills a field some rows lack with null
+        raise RowError(f"field {key!r} is missing or null")
     if not isinstance(v, str):
         raise RowError(f"field {key!r} must be a string, got {type(v).__name__}")
     return v

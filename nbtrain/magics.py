@@ -19,6 +19,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 
 from nbtrain import api
 from nbtrain.errors import NbtrainError
+from nbtrain.grading import close_records, finalize_records, record
 from nbtrain.runs import Run, get_run
 from nbtrain.ui.text import runs_table, status_text
 
@@ -120,6 +121,7 @@ def _wait(run: Run, timeout: float | None) -> None:
     st = (shown or _dashboard(run)).follow(timeout)
     if shown is not None:
         print(f"run {run.id}: {st.describe()}")
+    finalize_records(run)  # the run record in the cell that started it: final metrics, now
     if st.state == "failed":
         raise UsageError(run.failure_report(st))
 
@@ -160,8 +162,74 @@ def _show_estimate(report: Any) -> None:
         display(fig)
 
 
+def _verb_record(args: Any) -> None:
+    record(get_run(args.run))
+
+
 def _verb_estimate(args: Any) -> None:
     _show_estimate(api.estimate(args.config))
+
+
+def _verb_preview(args: Any) -> None:
+    from IPython.display import display
+
+    from nbtrain.datapreview import preview
+
+    display(preview(args.config, n=args.n, stats_rows=args.stats_rows))
+
+
+def _verb_serve(args: Any) -> None:
+    from nbtrain.serve.control import serve, stop_serving
+
+    if args.stop:
+        lines = stop_serving(args.run)
+        print("\n".join(lines) if lines else "no server started from this kernel is running")
+        return
+    if args.run is None:
+        raise UsageError("%finetune serve RUN [--port N] [--base-only], or %finetune serve --stop [RUN]")
+    h = serve(args.run, port=args.port, base_only=args.base_only, timeout=args.timeout)
+    how = "already running" if h.reused else "started"
+    print(f"{how}: {', '.join(h.models.values())} at {h.url}  (OpenAI base URL; {h.engine} on {h.device}, "
+          f"pid {h.pid}; stop with %finetune serve --stop {get_run(args.run).id})")  # fmt: skip
+
+
+def _verb_chat(args: Any) -> Any:
+    from nbtrain.ui.chat import ChatWidget
+
+    return ChatWidget(args.run, compare_base=args.compare_base, temperature=args.temperature,
+                      max_tokens=args.max_tokens, top_p=args.top_p)  # fmt: skip
+
+
+def _verb_eval(args: Any) -> Any:
+    from IPython.display import display
+
+    from nbtrain.evaluate import evaluate
+
+    report = evaluate(args.run, compare_base=args.compare_base, file=args.file, tasks=args.tasks,
+                      limit=args.limit, batch_size=args.batch_size)  # fmt: skip
+    display(report.figure())
+    return report  # the table, as the cell's result
+
+
+def _verb_export(args: Any) -> Any:
+    from nbtrain.export import export
+
+    return export(args.run, to=args.to, merge=args.merge, dtype=args.dtype, overwrite=args.overwrite,
+                  push_to_hub=args.push_to_hub, private=not args.public)  # fmt: skip
+
+
+def _verb_tensorboard(args: Any) -> Any:
+    from IPython.display import IFrame, display
+
+    from nbtrain.tracking import stop_tensorboard, tensorboard
+
+    run = get_run(args.run)
+    if args.stop:
+        print(f"run {run.id}: TensorBoard {'stopped' if stop_tensorboard(run.dir) else 'was not running'}")
+        return None
+    tb = tensorboard(run.dir)
+    display(tb)
+    return IFrame(tb.url, width="100%", height=720)
 
 
 def _verbs() -> dict[str, Verb]:
@@ -210,6 +278,49 @@ def _verbs() -> dict[str, Verb]:
     p = _parser("%finetune estimate", "Will it fit? Memory estimate of a config file and the alternatives.")
     p.add_argument("config", help="a .yaml config file (or use %%finetune --estimate with a YAML cell)")
     v["estimate"] = Verb(p, _verb_estimate)
+    p = _run_arg(_parser("%finetune record", "Save a run's record (config, plan, metrics) in this notebook."))
+    v["record"] = Verb(p, _verb_record)
+    p = _parser(
+        "%finetune preview",
+        "The first examples as the model sees them (chat template applied, masked tokens marked) and "
+        "token-length statistics.",
+    )
+    p.add_argument("config", help="a .yaml config file, or a run (id, name, directory)")
+    p.add_argument("-n", type=int, default=5, help="examples to show (default 5)")
+    p.add_argument("--stats-rows", type=int, default=2000, help="rows measured for the statistics")
+    v["preview"] = Verb(p, _verb_preview)
+    p = _parser("%finetune serve", "Serve a run's model on 127.0.0.1 (OpenAI API), or stop serving.")
+    p.add_argument("run", nargs="?", default=None, help="the run (with --stop: default all started here)")
+    p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    p.add_argument("--base-only", action="store_true", help="serve only the base model, without the adapter")
+    p.add_argument("--stop", action="store_true", help="stop the run's server (no RUN: all started here)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the server to listen")
+    v["serve"] = Verb(p, _verb_serve)
+    p = _run_arg(_parser("%finetune chat", "Chat with a run's fine-tuned model (a widget; Close stops it)."))
+    p.add_argument("--compare-base", action="store_true", help="show the base model's answer beside it")
+    p.add_argument("--temperature", type=float, default=0.0, help="initial temperature (0: greedy)")
+    p.add_argument("--max-tokens", type=int, default=128, help="initial max new tokens")
+    p.add_argument("--top-p", type=float, default=1.0, help="initial top_p")
+    v["chat"] = Verb(p, _verb_chat)
+    p = _run_arg(_parser("%finetune eval", "Held-out loss and perplexity of a run (and lm-eval tasks)."))
+    p.add_argument("--compare-base", action="store_true", help="measure the base model too, side by side")
+    p.add_argument("--file", default=None, help="SFT data to measure on (default: the run's eval split)")
+    p.add_argument("--tasks", nargs="+", default=None, help="lm-eval task names, task YAML files or dirs")
+    p.add_argument("--limit", type=float, default=None, help="rows of data / per task (N or a fraction)")
+    p.add_argument("--batch-size", type=int, default=8)
+    v["eval"] = Verb(p, _verb_eval)
+    p = _run_arg(_parser("%finetune export", "Save a run's model as a standalone directory (LoRA merged)."))
+    p.add_argument("--to", required=True, help="the directory to write (new or empty)")
+    p.add_argument("--merge", action=argparse.BooleanOptionalAction, default=True,
+                   help="merge the adapter into the base (default); --no-merge: adapter only")  # fmt: skip
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--overwrite", action="store_true", help="replace what is in --to")
+    p.add_argument("--push-to-hub", default=None, metavar="REPO", help="then upload to this hub repo")
+    p.add_argument("--public", action="store_true", help="create the hub repo public (default private)")
+    v["export"] = Verb(p, _verb_export)
+    p = _run_arg(_parser("%finetune tensorboard", "TensorBoard on a run's logs (report_to: tensorboard)."))
+    p.add_argument("--stop", action="store_true", help="stop the TensorBoard started for this run")
+    v["tensorboard"] = Verb(p, _verb_tensorboard)
     return v
 
 
@@ -272,10 +383,15 @@ class FinetuneMagics(Magics):
                                             est["capacity_bytes"]))  # fmt: skip
             return prep  # the plan as the cell's result, below its memory chart
         run = api.start(prep)
-        if args.wait:
-            _wait(run, None)
-        elif not args.no_view:
-            _show(run)
+        try:
+            if args.wait:
+                _wait(run, None)
+            elif not args.no_view:
+                _show(run)
+        finally:
+            # below the view, and also for a failed run: the notebook keeps the run's record (config,
+            # plan, estimate; final metrics once it ends), its evidence for a course
+            record(run)
         return run
 
 
@@ -290,3 +406,4 @@ def unload_ipython_extension(ipython: Any) -> None:
     for view in _VIEWS:
         view.close()
     _VIEWS.clear()
+    close_records()

@@ -32,6 +32,12 @@ from nbtrain.rundir import (
 if TYPE_CHECKING:
     import pandas as pd
 
+    from nbtrain.evaluate import EvalReport
+    from nbtrain.export import ExportResult
+    from nbtrain.serve.control import ServerHandle
+    from nbtrain.tracking import TensorBoardLaunched
+    from nbtrain.ui.chat import ChatWidget
+
 LOST_MESSAGE = (
     "the run's processes ended without writing a final state (killed, out of memory, or the "
     "machine restarted)"
@@ -167,6 +173,53 @@ class Run:
 
     def logs(self, n: int = 40) -> str:
         return tail_text(self.paths.rank_log(0), n)
+
+    # ---------------------------------------------------------------- trying the model (nbtrain.serve)
+    def serve(self, *, port: int = 0, base_only: bool = False, **kwargs: Any) -> ServerHandle:
+        """Start (or reuse) this run's OpenAI-compatible server on 127.0.0.1; ``.url``, ``.stop()``."""
+        from nbtrain.serve.control import serve
+
+        return serve(self, port=port, base_only=base_only, **kwargs)
+
+    def stop_serving(self) -> list[str]:
+        """Stop this run's server (its process group)."""
+        from nbtrain.serve.control import stop_serving
+
+        return stop_serving(self)
+
+    def generate(self, prompts: str | list[Any], **kwargs: Any) -> list[str]:
+        """Replies of the tuned model (``base=True``: the base) to ``prompts``, greedy by default; see
+        ``nbtrain.serve.control.generate`` for max_new_tokens, temperature, top_p, seed, stop, chat."""
+        from nbtrain.serve.control import generate
+
+        return generate(self, prompts, **kwargs)
+
+    def chat(self, compare_base: bool = False, **settings: Any) -> ChatWidget:
+        """A chat widget answered by the tuned model (beside the base model with ``compare_base``)."""
+        from nbtrain.ui.chat import ChatWidget
+
+        return ChatWidget(self, compare_base=compare_base, **settings)
+
+    # ------------------------------------------------------ evaluate, export, track (nbtrain.export ...)
+    def evaluate(self, *, compare_base: bool = False, **kwargs: Any) -> EvalReport:
+        """Held-out loss and perplexity (and lm-eval ``tasks=``) of this run's model; see nbtrain.evaluate."""
+        from nbtrain.evaluate import evaluate
+
+        return evaluate(self, compare_base=compare_base, **kwargs)
+
+    def export(
+        self, to: str | Path, *, merge: bool = True, dtype: str = "auto", **kwargs: Any
+    ) -> ExportResult:
+        """Write this run's model to ``to`` (merged into the base by default); see nbtrain.export."""
+        from nbtrain.export import export
+
+        return export(self, to=to, merge=merge, dtype=dtype, **kwargs)
+
+    def tensorboard(self) -> TensorBoardLaunched:
+        """Start (or find) TensorBoard on this run's event files (``train: report_to: [tensorboard]``)."""
+        from nbtrain.tracking import tensorboard
+
+        return tensorboard(self.dir)
 
     # --------------------------------------------------------------------------------- controlling
     def stop(self, timeout: float = 60.0) -> RunStatus:

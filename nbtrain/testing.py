@@ -94,6 +94,23 @@ def dataset_rows(fmt: str = "messages", n: int = 400, seed: int = 0) -> list[dic
     return rows
 
 
+def variable_length_rows(n: int = 400, seed: int = 0, *, most: int = 16) -> list[dict[str, Any]]:
+    """Conversations of very different lengths (1 to ``most`` sums per question, skewed short, as real
+    chat data is): the data on which padding costs most and packing helps most."""
+    rng = random.Random(seed)
+    items = addition_items(n * most, seed)
+    rows: list[dict[str, Any]] = []
+    for i in range(n):
+        k = min(most, 1 + int(rng.expovariate(4 / most)))
+        chunk = items[i * most : i * most + k]
+        question = " ".join(q for q, _ in chunk)
+        answer = "; ".join(a for _, a in chunk)
+        rows.append(
+            {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+        )
+    return rows
+
+
 def write_dataset(
     path: str | Path, fmt: str = "messages", n: int = 400, seed: int = 0, *, conversational: bool = True
 ) -> Path:

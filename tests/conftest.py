@@ -38,6 +38,91 @@ def workdir(tmp_path: Path, tiny_model: Path) -> Path:
     return tmp_path
 
 
+# What the shared tuned run is trained to answer (a few fixed replies, repeated: the adapter learns them).
+TUNED_ANSWERS = {
+    "What is 2 + 3?": "2 + 3 = 5",
+    "Say hello.": "hello hello hello",
+    "What is 10 + 7?": "10 + 7 = 17",
+    "Name a color.": "blue is a color",
+}
+
+
+@pytest.fixture(scope="session")
+def tuned_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """The directory of one completed LoRA run on the tiny model, trained on TUNED_ANSWERS (shared by the
+    serving, chat and loading tests; use it read-only, through its path)."""
+    import json
+
+    import nbtrain
+
+    work = tmp_path_factory.mktemp("tuned")
+    rows = [
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+        for q, a in TUNED_ANSWERS.items()
+    ] * 16
+    (work / "rep.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NBTRAIN_HOME", str(work / "home"))
+    mp.setenv("NBTRAIN_RUNS_DIR", str(work / "runs"))
+    mp.chdir(work)
+    try:
+        run = nbtrain.finetune(
+            f"""\
+model: {tiny_model}
+method: lora
+data: {{train: rep.jsonl}}
+lora: {{r: 16, alpha: 32}}
+train: {{max_steps: 40, learning_rate: 3.0e-2, per_device_train_batch_size: 8, logging_steps: 10}}
+""",
+            name="tuned",
+        )
+        run.wait(timeout=600)
+    finally:
+        mp.undo()
+    return run.dir
+
+
+@pytest.fixture(scope="session")
+def qlora_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """The directory of one completed QLoRA (4-bit NF4) run on TUNED_ANSWERS with an eval split and
+    ``report_to: [tensorboard]`` (plus wandb when installed; offline): shared by the export, evaluation
+    and tracking tests; use it read-only."""
+    import importlib.util
+    import json
+
+    import nbtrain
+
+    work = tmp_path_factory.mktemp("qlora")
+    rows = [
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+        for q, a in TUNED_ANSWERS.items()
+    ] * 16
+    (work / "rep.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    trackers = ["tensorboard"] + (["wandb"] if importlib.util.find_spec("wandb") else [])
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NBTRAIN_HOME", str(work / "home"))
+    mp.setenv("NBTRAIN_RUNS_DIR", str(work / "runs"))
+    mp.delenv("WANDB_API_KEY", raising=False)
+    mp.delenv("WANDB_MODE", raising=False)
+    mp.chdir(work)
+    try:
+        run = nbtrain.finetune(
+            f"""\
+model: {tiny_model}
+method: qlora
+data: {{train: rep.jsonl, eval_split: 0.125}}
+lora: {{r: 16, alpha: 32}}
+train: {{max_steps: 30, learning_rate: 3.0e-2, per_device_train_batch_size: 8, logging_steps: 5,
+         report_to: [{", ".join(trackers)}]}}
+""",
+            name="qlora",
+        )
+        run.wait(timeout=600)
+    finally:
+        mp.undo()
+    return run.dir
+
+
 def lora_yaml(max_steps: int = 30, *, method: str = "lora", extra: str = "") -> str:
     return f"""\
 model: ./tiny-llama

@@ -49,3 +49,14 @@ def test_run_wait_ls_status_logs(workdir: Path) -> None:
     assert cli("wait", "clirun").returncode == 0
     missing = cli("status", "nope")
     assert missing.returncode == 1 and "no run matches 'nope'" in missing.stderr
+
+
+def test_export_and_eval_refuse_a_run_without_trained_weights(tuned_run: Path, workdir: Path) -> None:
+    import shutil
+
+    run = workdir / "untrained"
+    shutil.copytree(tuned_run, run, ignore=shutil.ignore_patterns("checkpoints", "output"))
+    p = cli("export", str(run), "--to", "out")
+    assert p.returncode == 1 and "no trained weights" in p.stderr and not (workdir / "out").exists()
+    p = cli("eval", str(run), "--compare-base")
+    assert p.returncode == 1 and "no trained weights" in p.stderr and not (run / "eval").exists()

@@ -156,3 +156,33 @@ def test_dry_run_draws_the_estimate_and_probe_measures_real_steps(workdir: Path)
     assert "probe run" in probe and "5 steps at" in probe and "measured peak (worker RSS)" in probe
     assert "projected time for 50 steps" in probe
     assert nbtrain.get_run("pr-probe").status().state == "completed"
+
+
+def test_eval_export_and_tensorboard_verbs_refuse_bad_input_in_the_kernel(
+    tuned_run: Path, workdir: Path
+) -> None:
+    import shutil
+
+    run = workdir / "copied-run"
+    shutil.copytree(tuned_run, run, ignore=shutil.ignore_patterns("checkpoints"))
+    (workdir / "taken").mkdir()
+    (workdir / "taken" / "f.txt").write_text("mine")
+    cells = [
+        "%load_ext nbtrain",
+        f"%finetune export {run} --to taken --dtype bf16",
+        f"%finetune eval {run} --tasks nowhere/task.yaml",
+        f"%finetune tensorboard {run}",
+        "%finetune export",
+        HEAVY,
+    ]
+    nb = execute(cells, workdir, allow_errors=True)
+    err = error_of(nb.cells[1])
+    assert err is not None and err[0] == "UsageError" and "is not empty" in err[1] and "--overwrite" in err[1]
+    err = error_of(nb.cells[2])
+    assert err is not None and "task file or directory not found" in err[1]
+    err = error_of(nb.cells[3])
+    assert err is not None and "report_to: [tensorboard]" in err[1]
+    err = error_of(nb.cells[4])
+    assert err is not None and "--to" in err[1]
+    assert text_of(nb.cells[5]).strip() == "[]"
+    assert [p.name for p in (workdir / "taken").iterdir()] == ["f.txt"]

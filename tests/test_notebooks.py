@@ -9,12 +9,20 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import nbtrain
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").rglob("*.ipynb"))
 
 
 def test_the_labs_are_all_found() -> None:
     names = {p.name for p in NOTEBOOKS}
-    assert {"00_quickstart.ipynb", "04_your_own_loop.ipynb"} <= names
+    assert {
+        "00_quickstart.ipynb",
+        "01_qlora_single_card.ipynb",
+        "02_multi_gpu_deepspeed.ipynb",
+        "03_preference_alignment.ipynb",
+        "04_your_own_loop.ipynb",
+    } <= names
 
 
 @pytest.mark.slow
@@ -28,4 +36,8 @@ def test_notebook_runs_without_errors(path: Path, tmp_path: Path, monkeypatch: p
     ).execute()
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    # a run record a lab saves (nbtrain.record) shows the run's final state in the saved file
+    saved = tmp_path / f"{path.stem}.executed.ipynb"
+    nbformat.write(nb, saved)
+    assert all(r["state"] == "completed" for r in nbtrain.records(saved))
     assert os.listdir(tmp_path)  # it did work in its own directory

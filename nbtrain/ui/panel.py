@@ -25,7 +25,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Final, get_args
@@ -52,10 +52,13 @@ from nbtrain.config import (
 )
 from nbtrain.datacheck import FILE_KINDS, DataProblem, read_rows
 from nbtrain.errors import ConfigError, NbtrainError, Problem
-from nbtrain.formats import FORMATS, RowError, detect_format, to_example
+from nbtrain.formats import FORMAT_HELP, FORMATS, RowError, detect_format, to_example
+from nbtrain.objectives import OBJECTIVES
+from nbtrain.preset import Preset, find_preset
 from nbtrain.runs import Run, get_run
 from nbtrain.trainargs import sft_fields
 from nbtrain.ui.live import LiveView
+from nbtrain.ui.preview import segments_html
 
 # The strategy dropdown offers what the schema accepts; were that one value, it would show disabled.
 STRATEGY_CHOICES: Final = get_args(DistributedSettings.model_fields["strategy"].annotation)
@@ -65,6 +68,8 @@ DATA_FORMATS: Final = get_args(DataSettings.model_fields["format"].annotation)
 TOP_ORDER: Final = (
     "model",
     "method",
+    "objective",
+    "rewards",
     "data",
     "train",
     "lora",
@@ -220,6 +225,15 @@ def panel_fields() -> list[PanelField]:
             "method", "choice", "Model", choices=METHODS, default=_schema_default(RunConfig, "method")
         ),
         PanelField(
+            "objective",
+            "choice",
+            "Model",
+            choices=tuple(OBJECTIVES),
+            default=_schema_default(RunConfig, "objective"),
+            help="what training optimises: sft (imitate answers), dpo / orpo (prefer chosen over "
+            "rejected), kto (desirable / undesirable completions), grpo (reward functions)",
+        ),
+        PanelField(
             "data.train",
             "text",
             "Data",
@@ -238,7 +252,15 @@ def panel_fields() -> list[PanelField]:
             "scalar",
             "Data",
             placeholder="e.g. 0.1 (none by default)",
-            help="fraction of the training rows held out for evaluation",
+            help="fraction of the training rows held out for evaluation (0.1), or a number of rows (200)",
+        ),
+        PanelField(
+            "rewards",
+            "names",
+            "Data",
+            placeholder="my_reward, format_reward",
+            help="objective: grpo: reward functions defined in the notebook, or built-ins "
+            "(format_reward, length_reward)",
         ),
         *train("max_steps", "default -1 (train for num_train_epochs)"),
         *train("num_train_epochs"),
@@ -324,6 +346,11 @@ def config_from_run(cfg: Mapping[str, Any]) -> dict[str, Any]:
         model = _section_model(key)
         if model is not None and isinstance(value, Mapping):
             sub = {k: v for k, v in value.items() if not _is_default(model, k, v)}
+            if key == "data" and isinstance(sub.get("train"), list):  # sources: only what was set
+                sub["train"] = [
+                    {k: v for k, v in s.items() if v is not None} if isinstance(s, Mapping) else s
+                    for s in sub["train"]
+                ]
             if sub or key == "data":
                 out[key] = sub
         elif key == "train":
@@ -493,8 +520,16 @@ def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
     """The first ``n`` training rows of ``cfg`` normalised as the worker will, and chat-templated."""
     data = _section(cfg, "data")
     spec, fmt = data.get("train"), data.get("format", "auto")
+    note = None
+    if isinstance(spec, list) and spec and isinstance(spec[0], Mapping):
+        # Several sources: the first one's rows (the token-exact preview of the mix is %finetune preview).
+        note = f"the first of {len(spec)} sources"
+        fmt = spec[0].get("format") or fmt
+        spec = spec[0].get("path")
     if not isinstance(spec, str) or not spec.strip():
         return Preview(note="set data.train to see its first rows here")
+    objective = cfg.get("objective", "sft")
+    objective = objective if isinstance(objective, str) and objective in OBJECTIVES else "sft"
     path = _resolve(spec, base)
     if not path.exists():
         return Preview(note=f"no preview: {path} does not exist")
@@ -508,7 +543,7 @@ def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
     if not raw:
         return Preview(note=f"no preview: {path.name} has no rows")
 
-    out = Preview(mark_trained=bool(_section(cfg, "train").get("assistant_only_loss")))
+    out = Preview(mark_trained=bool(_section(cfg, "train").get("assistant_only_loss")), note=note)
     model = cfg.get("model")
     if isinstance(model, str) and model.strip():
         mdir = _resolve(model, base)
@@ -524,7 +559,7 @@ def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
                 f"{model} is not a local directory: the chat template is shown once the model is on disk"
             )
     for number, row in raw:
-        use = fmt if fmt in FORMATS else (detect_format(row) if isinstance(row, Mapping) else None)
+        use = fmt if fmt in FORMATS else (detect_format(row, objective) if isinstance(row, Mapping) else None)
         item = PreviewRow(number, use or "?")
         if use is None:
             item.error = "matches no known format"
@@ -551,6 +586,14 @@ def _clip(s: str) -> str:
     return s if len(s) <= PREVIEW_CHARS else s[: PREVIEW_CHARS - 1] + "…"
 
 
+def _message_html(m: Mapping[str, Any]) -> str:
+    colour = _ROLE_COLOURS.get(m["role"], "#333")
+    return (
+        f"<div><span style='color:{colour};font-weight:bold'>{html.escape(m['role'])}</span>"
+        f"<pre style='{_PRE};margin-left:1em'>{html.escape(_clip(m['content']))}</pre></div>"
+    )
+
+
 def preview_html(p: Preview) -> str:
     parts = ["<div class='nbtrain-preview'>"]
     if p.note:
@@ -575,16 +618,18 @@ def preview_html(p: Preview) -> str:
         if "text" in ex:
             parts.append(f"<pre style='{_PRE}'>{html.escape(_clip(str(ex['text'])))}</pre>")
         for m in ex.get("messages", []):
-            colour = _ROLE_COLOURS.get(m["role"], "#333")
-            parts.append(
-                f"<div><span style='color:{colour};font-weight:bold'>{html.escape(m['role'])}</span>"
-                f"<pre style='{_PRE};margin-left:1em'>{html.escape(_clip(m['content']))}</pre></div>"
-            )
+            parts.append(_message_html(m))
+        for key in ("prompt", "chosen", "rejected", "completion", "label"):
+            if key not in ex:
+                continue
+            value = ex[key]
+            parts.append(f"<div><small><b>{key}</b></small></div>")
+            if isinstance(value, list):
+                parts += [_message_html(m) for m in value]
+            else:
+                parts.append(f"<pre style='{_PRE};margin-left:1em'>{html.escape(_clip(str(value)))}</pre>")
         if r.segments is not None:
-            body = "".join(
-                f"<mark>{html.escape(t)}</mark>" if trained and p.mark_trained else html.escape(t)
-                for t, trained in r.segments
-            )
+            body = segments_html(r.segments, p.mark_trained)
             parts.append(
                 f"<details open><summary><small>as the model sees it</small></summary>"
                 f"<pre style='{_PRE};background:#f6f6f6;padding:4px'>{body}</pre></details>"
@@ -688,7 +733,8 @@ class ConfigPanel:
     """
 
     def __init__(self, config: ConfigSource = None, *, debounce: float = 0.25, preview_rows: int = 3) -> None:
-        self.spec = panel_fields()
+        self.preset = find_preset()  # instructor mode: its fixed fields show filled and disabled
+        self.spec = preset_fields(panel_fields(), self.preset)
         self._by_path = {f.path: f for f in self.spec}
         self.preview_rows = preview_rows
         self.run: Run | None = None  # the run launched last from this panel
@@ -724,9 +770,17 @@ class ConfigPanel:
         self.load_button.on_click(self._guard(self._load))
         for f in self.spec:
             self.fields[f.path].observe(self._changed_handler(f.path), names="value")
+        self.data_help = widgets.HTML("")
         self.groups = {g: self._group(g) for g in GROUPS}
+        self.groups["Data"].children = (*self.groups["Data"].children, self.data_help)
+        self.preset_note = widgets.HTML(preset_note_html(self.preset))
         self.widget = self._layout()
 
+        self._filling = True
+        try:
+            self._apply_preset()
+        finally:
+            self._filling = False
         if isinstance(config, Run):
             self.set_config(config_from_run(config.config))
         elif config is not None:
@@ -777,6 +831,7 @@ class ConfigPanel:
         return widgets.VBox(
             [
                 widgets.HTML(_CSS),
+                self.preset_note,
                 widgets.HBox([form, side]),
                 self.error_area,
                 buttons,
@@ -854,9 +909,26 @@ class ConfigPanel:
                         self._extra[key] = rest
                     else:
                         self._extra[key] = value
+                self._apply_preset()
             finally:
                 self._filling = False
         self._refresh()
+
+    def _apply_preset(self) -> None:
+        """Fill and disable the fields the lab preset fixes; always write the dropdowns it restricts
+        (their first allowed value may not be the schema's default). Called while filling."""
+        if self.preset is None:
+            return
+        for path, value in self.preset.locked().items():
+            f = self._by_path.get(path)
+            if f is None:
+                continue  # no field (train.seed): the preset fills it in when the config is checked
+            self._write(f, value)
+            self.fields[path].disabled = True
+            self.fields[path].tooltip = f"fixed by the lab preset {self.preset.source}"
+        for f in self.spec:
+            if f.kind == "choice" and self.preset.choices(f.path) is not None:
+                self._set.add(f.path)
 
     def _write(self, f: PanelField, value: Any) -> None:
         w = self.fields[f.path]
@@ -875,6 +947,9 @@ class ConfigPanel:
             w.value = "" if value is UNSET else value if isinstance(value, str) else str(value)
         elif f.kind == "targets":
             w.value = format_targets(value)
+        elif f.kind == "names":
+            is_names = isinstance(value, list) and all(isinstance(x, str) for x in value)
+            w.value = ", ".join(value) if is_names else format_scalar(value)
         else:
             w.value = format_scalar(value)
 
@@ -887,6 +962,9 @@ class ConfigPanel:
             return w.value.strip() or UNSET
         if f.kind == "targets":
             return parse_targets(w.value)
+        if f.kind == "names":
+            names = [part.strip() for part in w.value.split(",") if part.strip()]
+            return names or UNSET
         return parse_scalar(w.value)
 
     @property
@@ -945,10 +1023,48 @@ class ConfigPanel:
         method = self.method
         self.groups["LoRA"].layout.display = "" if _section_active("lora", method) else "none"
         self.groups["QLoRA"].layout.display = "" if _section_active("quantization", method) else "none"
+        self._show_objective_fields()
         cfg = self.to_dict()
         text = _dump(cfg)
         self.yaml_view.value = f"<pre style='{_PRE}'>{html.escape(text)}</pre>"
         self._debouncer.submit((text, cfg, Path.cwd()))
+
+    @property
+    def objective(self) -> Any:
+        return self.fields["objective"].value
+
+    def _show_objective_fields(self) -> None:
+        """The data formats the objective trains on (the format dropdown offers only those), the rows
+        they expect, and rewards: for grpo only."""
+        objective = self.objective
+        known = OBJECTIVES.get(objective) if isinstance(objective, str) else None
+        self.fields["rewards"].layout.display = "" if objective == "grpo" else "none"
+        if known is None:
+            self.data_help.value = ""
+            return
+        f, w = self._by_path["data.format"], self.fields["data.format"]
+        allowed = ["auto", *known.formats]
+        options = [(c, c) for c in allowed]
+        if not any(_same(w.value, c) for c in allowed):
+            # Keep a format the objective does not take, so the validator's message shows on it.
+            options.append((f"{w.value!r} (not for {objective})", w.value))
+        if [v for _, v in options] != [v for _, v in w.options]:
+            filling, self._filling = self._filling, True
+            try:
+                value = w.value
+                w.options = options
+                w.value = value
+            finally:
+                self._filling = filling
+        w.disabled = len(f.choices) < 2
+        rows = "".join(
+            f"<div><code>{html.escape(k)}</code>: <code>{html.escape(FORMAT_HELP[k])}</code></div>"
+            for k in known.formats
+        )
+        self.data_help.value = (
+            f"<div style='font-size:12px;color:#555'>objective: {html.escape(objective)} trains on "
+            f"rows like:{rows}</div>"
+        )
 
     def settle(self, timeout: float | None = 30.0) -> bool:
         """Wait until inline errors and the preview reflect the latest change and a Stop has finished."""
@@ -1162,10 +1278,39 @@ def _preview_inputs(cfg: Mapping[str, Any], base: Path) -> tuple[Any, ...]:
 def validate(text: str) -> list[Problem]:
     """The validator's problems with ``text`` (empty when it is valid)."""
     try:
-        load_config(text)
+        load_config(text, preset=find_preset())
     except ConfigError as e:
         return list(e.problems)
     return []
+
+
+def preset_fields(spec: list[PanelField], preset: Preset | None) -> list[PanelField]:
+    """``spec`` with each dropdown offering only what the lab ``preset`` allows."""
+    if preset is None:
+        return spec
+    out = []
+    for f in spec:
+        allowed = preset.choices(f.path) if f.kind == "choice" else None
+        if allowed:
+            default = f.default if f.default in allowed else allowed[0]
+            f = replace(
+                f, choices=tuple(allowed), default=default, help=f"{f.help} (the lab preset allows these)"
+            )
+        out.append(f)
+    return out
+
+
+def preset_note_html(preset: Preset | None) -> str:
+    """The panel's note on the lab preset in force: its file and rules."""
+    if preset is None:
+        return ""
+    rules = "".join(f"<li>{html.escape(r)}</li>" for r in preset.rules())
+    return (
+        f"<div class='nbtrain-preset' style='border-left:3px solid #6a1b9a;padding-left:8px'>"
+        f"&#128274; <b>Lab preset</b> <code>{html.escape(str(preset.source))}</code>: greyed fields are "
+        f"fixed by the course; a config outside these rules is refused."
+        f"<ul style='margin:2px 0'>{rules}</ul></div>"
+    )
 
 
 def panel(config: ConfigSource = None) -> ConfigPanel:

@@ -36,6 +36,18 @@ def recipe_for(resolved: dict[str, Any]) -> Any:
     raise ValueError(f"objective {objective!r} has no recipe in this nbtrain")
 
 
+def use_trackers(paths: RunPaths, resolved: dict[str, Any]) -> None:
+    """Point the trackers of ``train: report_to`` into the run directory (before the Trainer exists),
+    and name their run after this one unless ``train: run_name`` does."""
+    from nbtrain.tracking import requested, tracking_env
+
+    args = resolved.get("train_args") or {}
+    if not requested(args.get("report_to")):
+        return
+    os.environ.update(tracking_env(paths.root, args["report_to"]))
+    args.setdefault("run_name", str(resolved.get("id") or paths.root.name))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -64,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         write_status(paths, "starting", pid=os.getpid())
     try:
         resolved = read_json(paths.resolved)
+        use_trackers(paths, resolved)
         recipe = recipe_for(resolved)(paths, resolved, stop)
         recipe.setup()
         outcome = recipe.train()

@@ -1,54 +1,226 @@
-"""Load training data with ``datasets`` and normalise every row to ``messages`` or ``text``."""
+"""Load training data with ``datasets`` and normalise every row to what the objective's trainer takes.
+
+One or several sources (``data: train:`` as a list) are each loaded, renamed (``columns:``) and
+normalised with ``formats.to_example`` (so a bad row is named by its number in its own source), then
+mixed: ``interleave_datasets`` with the sources' weights as probabilities (seeded), or concatenated
+when no weights are given. ``data: streaming: true`` loads every source as an ``IterableDataset`` and
+does the same lazily, so rows are read as training consumes them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from nbtrain.formats import RowError, detect_format, show_row, to_example
+from nbtrain.formats import RowError, detect_format, is_conversational, show_row, to_example
+from nbtrain.objectives import OBJECTIVES
 
 
 class DataError(ValueError):
     pass
 
 
-def load_raw(location: str, kind: str) -> Any:
+def load_raw(location: str, kind: str, *, split: str | None = None, streaming: bool = False) -> Any:
     import datasets
 
-    if kind in ("jsonl", "json"):
-        return datasets.load_dataset("json", data_files=location, split="train")
-    if kind in ("csv", "parquet"):
-        return datasets.load_dataset(kind, data_files=location, split="train")
+    if kind in ("jsonl", "json", "csv", "parquet"):
+        builder = "json" if kind in ("jsonl", "json") else kind
+        return datasets.load_dataset(builder, data_files=location, split="train", streaming=streaming)
     if kind == "disk":
         ds = datasets.load_from_disk(location)
-        return ds["train"] if isinstance(ds, datasets.DatasetDict) else ds
-    return datasets.load_dataset(location, split="train")
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds[split or "train"]
+        # Arrow files on disk are memory-mapped already; as an iterable they are read in order, lazily.
+        return ds.to_iterable_dataset() if streaming else ds
+    return datasets.load_dataset(location, split=split or "train", streaming=streaming)
+
+
+def is_streaming(ds: Any) -> bool:
+    import datasets
+
+    return isinstance(ds, datasets.IterableDataset)
+
+
+def first_row(ds: Any) -> dict[str, Any] | None:
+    if is_streaming(ds):
+        return next(iter(ds.take(1)), None)
+    return ds[0] if len(ds) else None
+
+
+def convert(
+    ds: Any, fmt: str, objective: str = "sft", *, max_samples: int | None = None, source: str = ""
+) -> tuple[Any, str]:
+    """Normalise every row of ``ds`` (a Dataset or an IterableDataset) to ``fmt`` for ``objective``
+    (detected from the first row when 'auto'); DataError naming the first bad row. Prompt rows keep
+    their other columns: GRPO hands them to the reward functions."""
+    where = f" of {source}" if source else ""
+    if max_samples is not None:
+        ds = ds.take(max_samples) if is_streaming(ds) else ds.select(range(min(max_samples, len(ds))))
+    first = first_row(ds)
+    if first is None:
+        raise DataError(f"the dataset{where} has no rows")
+    if fmt == "auto":
+        detected = detect_format(first, objective)
+        if detected is None:
+            usable = ", ".join(OBJECTIVES[objective].formats)
+            raise DataError(
+                f"row 1{where} is not data objective: {objective} trains on ({usable}): {show_row(first)}"
+            )
+        fmt = detected
+    use = fmt
+
+    def one(row: dict[str, Any], idx: int) -> dict[str, Any]:
+        try:
+            return to_example(row, use)
+        except RowError as e:
+            raise DataError(f"row {idx + 1}{where} is not valid {use} data ({e}): {show_row(row)}") from None
+
+    # A streamed dataset may not know its columns before it is read: the first row does.
+    columns = ds.column_names if ds.column_names is not None else list(first)
+    remove = [] if fmt == "prompt" else columns
+    kwargs: dict[str, Any] = {} if is_streaming(ds) else {"desc": None}
+    return ds.map(one, with_indices=True, remove_columns=remove, **kwargs), fmt
 
 
 def normalise(ds: Any, fmt: str, *, max_samples: int | None = None) -> tuple[Any, str]:
     """Convert every row to the SFT form; raise DataError naming the first bad row."""
-    if len(ds) == 0:
-        raise DataError("the dataset has no rows")
+    return convert(ds, fmt, "sft", max_samples=max_samples)
+
+
+def rename_columns(ds: Any, columns: Mapping[str, str] | None) -> Any:
+    """Apply ``data: columns: {canonical: column}`` to a dataset, as formats.apply_columns does to a row."""
+    names = ds.column_names
+    if names is None and columns:
+        names = list(first_row(ds) or {})
+    for canonical, column in (columns or {}).items():
+        if column == canonical:
+            continue
+        if column not in names:
+            raise DataError(
+                f"data: columns: maps {canonical}: {column}, but the data has no column {column!r} "
+                f"(its columns: {names})"
+            )
+        if canonical in names:
+            ds = ds.remove_columns(canonical)  # the mapped column wins, as in the kernel's check
+            names = [n for n in names if n != canonical]
+        ds = ds.rename_column(column, canonical)
+        names = [canonical if n == column else n for n in names]
+    return ds
+
+
+def mix(parts: list[Any], weights: list[float] | None, seed: int, stopping_strategy: str) -> Any:
+    """One dataset from several normalised ones: interleaved by weight, or concatenated."""
+    import datasets
+
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        if weights is not None:
+            total = sum(weights)
+            return datasets.interleave_datasets(
+                parts,
+                probabilities=[w / total for w in weights],
+                seed=seed,
+                stopping_strategy=stopping_strategy,
+            )
+        return datasets.concatenate_datasets(parts)
+    except ValueError as e:  # features that do not align (e.g. string prompts with message lists)
+        raise DataError(
+            f"the data: train: sources cannot be mixed: {e}. Give every source rows of one shape (all "
+            f"conversations or all plain strings, the same fields)"
+        ) from None
+
+
+def load_train(
+    cfg: Mapping[str, Any], data: Mapping[str, Any], objective: str, seed: int, *, limit: int | None = None
+) -> tuple[Any, str, list[str]]:
+    """The training data of a resolved run: every source loaded, normalised and mixed. ``limit`` reads
+    only the first rows of each source (the preview).
+
+    Returns (dataset, format of the first source, one description per source for the log).
+    """
+    d = cfg["data"]
+    streaming = bool(d.get("streaming"))
+    sources = data.get("sources") or [data["train"]]
+    parts, weights, described = [], [], []
+    fmt = "auto"
+    for i, src in enumerate(sources):
+        name = src.get("spec") or src["location"]
+        label = name if len(sources) > 1 else ""
+        raw = load_raw(src["location"], src["kind"], split=src.get("split"), streaming=streaming)
+        raw = rename_columns(raw, src.get("columns") or d.get("columns"))
+        # The kernel resolved each source's format from a sample; a hub source says "auto".
+        src_fmt = src.get("format") or "auto"
+        if src_fmt == "auto":
+            src_fmt = d.get("format", "auto")
+        part, used = convert(raw, src_fmt, objective, source=label, max_samples=limit)
+        if i == 0:
+            fmt = used
+        parts.append(part)
+        weights.append(src.get("weight"))
+        described.append(f"{name} ({used}" + (f", weight {src['weight']:g})" if src.get("weight") else ")"))
+    mixed = mix(
+        parts,
+        None if weights[0] is None else [float(w) for w in weights],
+        seed,
+        str(d.get("stopping_strategy") or "all_exhausted"),
+    )
+    max_samples = d.get("max_samples")
     if max_samples is not None:
-        ds = ds.select(range(min(max_samples, len(ds))))
-    if fmt == "auto":
-        detected = detect_format(ds[0])
-        if detected is None:
-            raise DataError(f"row 1 matches no known format: {show_row(ds[0])}")
-        fmt = detected
-
-    def convert(row: dict[str, Any], idx: int) -> dict[str, Any]:
-        try:
-            return to_example(row, fmt)
-        except RowError as e:
-            raise DataError(f"row {idx + 1} is not valid {fmt} data ({e}): {show_row(row)}") from None
-
-    out = ds.map(convert, with_indices=True, remove_columns=ds.column_names, desc=None)
-    return out, fmt
+        mixed = mixed.take(max_samples) if streaming else mixed.select(range(min(max_samples, len(mixed))))
+    return mixed, fmt, described
 
 
-def take_eval_split(train: Any, fraction: float, seed: int) -> tuple[Any, Any]:
-    """Hold out ``fraction`` of the training rows for evaluation (seeded, so resume sees the same split)."""
+def load_eval(cfg: Mapping[str, Any], data: Mapping[str, Any], fmt: str, objective: str) -> Any:
+    """The eval: file, normalised like the training data, or None."""
+    ev = data.get("eval")
+    if not ev:
+        return None
+    d = cfg["data"]
+    raw = load_raw(ev["location"], ev["kind"], streaming=bool(d.get("streaming")))
+    out, _ = convert(rename_columns(raw, d.get("columns")), fmt, objective)
+    return out
+
+
+def take_eval_split(train: Any, size: float | int, seed: int) -> tuple[Any, Any]:
+    """Hold out ``size`` (a fraction, or a number of rows) of the training rows for evaluation (seeded,
+    so resume sees the same split). A stream holds out its first ``size`` rows."""
+    if is_streaming(train):
+        if not isinstance(size, int):
+            raise DataError("a streamed dataset has no known length: give eval_split as a number of rows")
+        return train.skip(size), train.take(size)
     if len(train) < 2:
         raise DataError("eval_split needs at least 2 rows of training data")
-    split = train.train_test_split(test_size=fraction, seed=seed)
+    if isinstance(size, int) and size >= len(train):
+        raise DataError(f"eval_split: {size} rows, but the training data has only {len(train)}")
+    split = train.train_test_split(test_size=size, seed=seed)
     return split["train"], split["test"]
+
+
+def load_for_training(
+    cfg: Mapping[str, Any], data: Mapping[str, Any], objective: str, seed: int, tok: Any
+) -> tuple[Any, Any]:
+    """(train, eval) for a recipe, checked against the tokenizer; prints what was loaded."""
+    train, fmt, described = load_train(cfg, data, objective, seed)
+    row = first_row(train)
+    if row is not None and is_conversational(row) and not getattr(tok, "chat_template", None):
+        raise DataError(
+            f"the data is conversational ({fmt}: lists of messages) but the tokenizer of {cfg['model']} has "
+            f"no chat template; use a chat model, or give plain text rows (format: text, or plain strings)"
+        )
+    d = cfg["data"]
+    evald = load_eval(cfg, data, fmt, objective)
+    if evald is None and d.get("eval_split"):
+        train, evald = take_eval_split(train, d["eval_split"], seed)
+    prefix = "" if objective == "sft" else f"{objective}: "
+    rows = "streaming training rows" if is_streaming(train) else f"{len(train)} training rows"
+    if len(described) > 1:
+        how = "mixed by weight" if data.get("sources", [{}])[0].get("weight") else "concatenated"
+        rows += f" from {len(described)} sources {how}: {', '.join(described)}"
+    else:
+        rows += f" ({fmt})"
+    ev = ""
+    if evald is not None:
+        ev = ", streaming eval rows" if is_streaming(evald) else f", {len(evald)} eval rows"
+    print(f"nbtrain: {prefix}{rows}{ev}", flush=True)
+    return train, evald

@@ -11,30 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
 from typing import Any
 
 from nbtrain.rundir import RunPaths, write_status
 from nbtrain.worker.callbacks import rank, state_report
 from nbtrain.worker.control import StopControl
+from nbtrain.worker.data import rename_columns
 
-
-def rename_columns(ds: Any, columns: Mapping[str, str] | None) -> Any:
-    """Apply ``data: columns: {canonical: column}`` to a dataset, as formats.apply_columns does to a row."""
-    from nbtrain.worker.data import DataError
-
-    for canonical, column in (columns or {}).items():
-        if column == canonical:
-            continue
-        if column not in ds.column_names:
-            raise DataError(
-                f"data: columns: maps {canonical}: {column}, but the data has no column {column!r} "
-                f"(its columns: {ds.column_names})"
-            )
-        if canonical in ds.column_names:
-            ds = ds.remove_columns(canonical)  # the mapped column wins, as in the kernel's check
-        ds = ds.rename_column(column, canonical)
-    return ds
+__all__ = ["SFTRecipe", "rename_columns"]
 
 
 class SFTRecipe:
@@ -61,34 +45,10 @@ class SFTRecipe:
         return load_tokenizer(self.cfg)
 
     def _load_data(self, tok: Any) -> tuple[Any, Any]:
-        from nbtrain.worker.data import DataError, load_raw, normalise, take_eval_split
+        from nbtrain.worker.data import load_for_training
 
-        d = self.cfg["data"]
-        columns = d.get("columns")
-        train_src = self.data["train"]
-        train, fmt = normalise(
-            rename_columns(load_raw(train_src["location"], train_src["kind"]), columns),
-            d["format"],
-            max_samples=d.get("max_samples"),
-        )
-        if fmt != "text" and not getattr(tok, "chat_template", None):
-            raise DataError(
-                f"the data is conversational ({fmt}) but the tokenizer of {self.cfg['model']} "
-                f"has no chat template; use a chat model, or give plain text rows with "
-                f"format: text"
-            )
-        evald = None
-        if self.data.get("eval"):
-            ev = self.data["eval"]
-            evald, _ = normalise(rename_columns(load_raw(ev["location"], ev["kind"]), columns), fmt)
-        elif d.get("eval_split"):
-            train, evald = take_eval_split(train, d["eval_split"], int(self.args.get("seed", 42)))
-        print(
-            f"nbtrain: {len(train)} training rows ({fmt})"
-            + (f", {len(evald)} eval rows" if evald is not None else ""),
-            flush=True,
-        )
-        return train, evald
+        objective = str(self.cfg.get("objective", "sft"))
+        return load_for_training(self.cfg, self.data, objective, int(self.args.get("seed", 42)), tok)
 
     def _load_model(self) -> Any:
         from nbtrain.worker.model import load_model

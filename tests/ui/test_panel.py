@@ -223,7 +223,7 @@ def test_inline_errors_are_the_yaml_validators_messages(workdir: Path, make_pane
     p.fields["lora.r"].value = "0"
     p.fields["lora.target_modules"].value = "q_proj"  # a bare name is not a list: the validator says so
     p.fields["train.learning_rate"].value = "fast"
-    p.fields["data.eval_split"].value = "2"
+    p.fields["data.eval_split"].value = "1.5"  # a fraction above 1 (a whole number is a row count)
     p.fields["name"].value = "bad name!"
     errors = _settled(p).errors
     problems = validate(p.to_yaml())
@@ -622,3 +622,32 @@ def test_panel_imports_no_torch_transformers_or_bitsandbytes(workdir: Path) -> N
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+# ------------------------------------------------------------------------------------ lab preset
+
+
+def test_lab_preset_locks_fixed_fields_limits_choices_and_flags_a_broken_rule(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    from nbtrain.preset import PRESET_FILE
+
+    preset = workdir / PRESET_FILE
+    preset.write_text(
+        "models: [./tiny-llama]\nmethods: [lora, full]\ndata: {train: data/add.jsonl}\nmax_steps: 5\n"
+    )
+    p = _settled(make_panel())
+    model, data = str((workdir / "tiny-llama").resolve()), str(workdir / "data" / "add.jsonl")
+    assert (p.fields["model"].value, p.fields["data.train"].value) == (model, data)
+    assert p.fields["model"].disabled and p.fields["data.train"].disabled
+    assert not p.fields["train.learning_rate"].disabled
+    # a dropdown offers only what the preset allows, and its value is always written
+    assert [v for _, v in p.fields["method"].options] == ["lora", "full"] and not p.fields["method"].disabled
+    assert "method: lora" in p.to_yaml()
+    assert str(preset) in p.preset_note.value and "max_steps: at most 5" in p.preset_note.value
+    assert p.errors == {}  # max_steps left out: the preset fills in its cap
+    p.fields["train.max_steps"].value = "50"
+    assert "rule 'max_steps'" in _settled(p).errors["train.max_steps"]
+    # loading another config keeps the fixed fields as the preset says
+    p.set_config(lora_yaml(3).replace("data/add.jsonl", "data/other.jsonl"))
+    assert p.fields["data.train"].value == data and p.fields["data.train"].disabled

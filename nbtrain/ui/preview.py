@@ -1,0 +1,132 @@
+"""Rendering of data previews: the trained-on / masked text of examples, and token-length statistics.
+
+Used by ``%finetune preview`` / ``nbtrain.preview()`` (token-exact, from the worker's JSON) and by the
+config panel's quick preview (the chat template rendered in the kernel). Masked text (no loss) is grey
+and struck through, trained text is highlighted; plain text marks masked spans with ‹ ›. Plotly is
+imported only when a histogram is drawn.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+PRE = "white-space:pre-wrap;margin:0;font-family:monospace;font-size:12px"
+MASKED_STYLE = "color:#9e9e9e;text-decoration:line-through"
+MASK_OPEN, MASK_CLOSE = "‹", "›"  # plain-text markers around masked (not trained) text
+CLIP = 4000  # characters per example, so one huge row cannot flood the notebook
+
+
+def segments_html(segments: Iterable[Sequence[Any]], mark: bool = True) -> str:
+    """``[(text, trained), ...]`` as HTML: trained text in <mark>, masked text grey and struck through
+    (with ``mark`` False, all of it plain: nothing says which tokens are trained)."""
+    out = []
+    for text, trained in segments:
+        t = html.escape(str(text))
+        if not mark:
+            out.append(t)
+        elif trained:
+            out.append(f"<mark>{t}</mark>")
+        else:
+            out.append(f"<span class='nbtrain-masked' style='{MASKED_STYLE}'>{t}</span>")
+    return "".join(out)
+
+
+def segments_text(segments: Iterable[Sequence[Any]]) -> str:
+    return "".join(str(t) if trained else f"{MASK_OPEN}{t}{MASK_CLOSE}" for t, trained in segments)
+
+
+def _clip(s: str) -> str:
+    return s if len(s) <= CLIP else s[: CLIP - 1] + "…"
+
+
+def _loss_note(p: Mapping[str, Any]) -> str:
+    if p.get("assistant_only_loss"):
+        return "loss on assistant turns only (assistant_only_loss)"
+    if p.get("completion_only_loss"):
+        return "loss on completions only (completion_only_loss)"
+    return "loss on every token (set train: assistant_only_loss: true to train on answers only)"
+
+
+def _stats_line(p: Mapping[str, Any]) -> str:
+    s = p["stats"]
+    max_length = p.get("max_length")
+    # What happens to a row longer than max_length (TRL: bfd truncates it, bfd_split and wrapped
+    # carry the rest into other sequences).
+    fate = {"bfd_split": "split across packed sequences", "wrapped": "wrapped into the next sequence"}
+    what = fate.get(str(p.get("packing_strategy")), "truncated") if p.get("packing") else "truncated"
+    over = (
+        f"; {s['over_max_length']} of {s['rows']} exceed max_length {max_length} and are {what}"
+        if max_length is not None
+        else "; max_length: none (no truncation)"
+    )
+    sample = f"first {s['rows']} rows" if s["rows"] >= s["rows_limit"] else f"all {s['rows']} rows"
+    trained = s["trained_tokens"] / s["tokens"] if s["tokens"] else 0.0
+    return (
+        f"tokens per example ({sample}): min {s['min']}, p50 {s['p50']}, p95 {s['p95']}, max {s['max']}, "
+        f"mean {s['mean']:.1f}; {trained:.0%} of tokens trained{over}"
+    )
+
+
+def _setup_line(p: Mapping[str, Any]) -> str:
+    bits = [f"format {p.get('format')}", _loss_note(p)]
+    if p.get("chat_template"):
+        bits.append(f"chat template: {p['chat_template']}")
+    if p.get("packing"):
+        bits.append(f"packing: {p.get('packing_strategy')} into sequences of {p.get('max_length')} tokens")
+    if p.get("streaming"):
+        bits.append("streaming")
+    if len(p.get("sources") or []) > 1:
+        bits.append("sources: " + ", ".join(p["sources"]))
+    return "; ".join(bits)
+
+
+def preview_text(p: Mapping[str, Any]) -> str:
+    lines = [_setup_line(p), f"{MASK_OPEN}…{MASK_CLOSE} = masked (no loss)", ""]
+    for ex in p["examples"]:
+        cut = f", {ex['cut']} cut by max_length" if ex["cut"] else ""
+        lines.append(f"--- example {ex['index']}: {ex['tokens']} tokens, {ex['trained']} trained{cut}")
+        lines.append(_clip(segments_text(ex["segments"])))
+    lines += ["", _stats_line(p)]
+    return "\n".join(lines)
+
+
+def preview_html(p: Mapping[str, Any]) -> str:
+    parts = [
+        "<div class='nbtrain-token-preview'>",
+        f"<div><small>{html.escape(_setup_line(p))}. <mark>highlighted</mark>: trained on; "
+        f"<span style='{MASKED_STYLE}'>grey, struck</span>: masked (no loss)</small></div>",
+    ]
+    for ex in p["examples"]:
+        cut = f", {ex['cut']} cut by max_length" if ex["cut"] else ""
+        parts.append(
+            "<div style='border-left:3px solid #bbb;padding-left:8px;margin:6px 0'>"
+            f"<div><b>example {ex['index']}</b> <small>{ex['tokens']} tokens, {ex['trained']} trained"
+            f"{html.escape(cut)}</small></div>"
+            f"<pre style='{PRE};background:#f6f6f6;padding:4px'>"
+            f"{segments_html([(_clip(str(t)), tr) for t, tr in ex['segments']])}</pre></div>"
+        )
+    parts.append(f"<div><small>{html.escape(_stats_line(p))}</small></div></div>")
+    return "".join(parts)
+
+
+def length_histogram(p: Mapping[str, Any]) -> Any:
+    """A Plotly histogram of tokens per example, with max_length marked."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Histogram(x=p["lengths"], name="examples", marker_color="#1565c0"))
+    max_length = p.get("max_length")
+    if max_length is not None:
+        fig.add_vline(
+            x=max_length, line_dash="dash", line_color="#c62828", annotation_text=f"max_length {max_length}"
+        )
+    fig.update_layout(
+        title=f"tokens per example ({p['stats']['rows']} rows)",
+        xaxis_title="tokens",
+        yaxis_title="examples",
+        height=300,
+        margin={"l": 50, "r": 20, "t": 40, "b": 40},
+        bargap=0.05,
+    )
+    return fig

@@ -1,0 +1,128 @@
+"""Loading what a run trained: the base model of resolved.json plus the run's adapter (LoRA / QLoRA) or its
+fine-tuned weights (full). The one place that knows how a run's result is laid out; the chat server,
+one-shot generation, export and evaluation all load through ``load_tuned``.
+
+The weights come from ``output/`` when the run completed, else from its newest checkpoint the worker
+marked complete (a stopped or failed run can still be tried out). Runs in a separate process, never in
+a kernel: it imports torch, transformers and peft.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nbtrain.rundir import COMPLETE_MARKER, RunPaths, read_json
+
+DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+
+
+class NoTrainedWeights(Exception):
+    """The run has neither a final output nor a complete checkpoint."""
+
+
+def trained_weights_dir(run_dir: str | Path) -> Path:
+    """``output/`` of a completed run, else the newest checkpoint marked complete; raises
+    NoTrainedWeights (with the fix) when there is neither."""
+    paths = RunPaths(Path(run_dir))
+    if (paths.output / "adapter_config.json").exists() or (paths.output / "config.json").exists():
+        return paths.output
+    best: tuple[int, Path] | None = None
+    for d in paths.checkpoints.glob("checkpoint-*"):
+        try:
+            step = int(d.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        if (d / COMPLETE_MARKER).exists() and (best is None or step > best[0]):
+            best = (step, d)
+    if best is None:
+        raise NoTrainedWeights(
+            f"run {paths.root.name} has no trained weights yet: no output/ and no complete checkpoint "
+            f"in {paths.checkpoints}; wait for the run to finish, or ask it for a checkpoint "
+            f"(%finetune checkpoint RUN) and try again"
+        )
+    return best[1]
+
+
+def torch_dtype(name: str | None, default: Any) -> Any:
+    import torch
+
+    if name is None or name == "auto":
+        return default
+    key = DTYPES.get(str(name).lower())
+    if key is None:
+        raise ValueError(f"dtype {name!r} is not one of {', '.join(sorted(DTYPES))}")
+    return getattr(torch, key)
+
+
+def load_tuned(
+    run_dir: str | Path, *, base: bool = False, dtype: str | None = None, device: str = "cpu"
+) -> tuple[Any, Any]:
+    """(model, tokenizer) of a run, in eval mode on ``device``.
+
+    ``base=True`` gives the untouched base model. For LoRA/QLoRA runs the model is a ``PeftModel``
+    (``model.disable_adapter()`` gives base answers from the same weights). QLoRA bases load quantised
+    as in training unless ``dtype`` is given (then unquantised in that dtype, e.g. to merge or export).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nbtrain.worker.model import compute_dtype
+
+    paths = RunPaths(Path(run_dir).resolve())
+    resolved = read_json(paths.resolved)
+    cfg: dict[str, Any] = resolved["config"]
+    plan: dict[str, Any] = resolved.get("plan") or {"precision": "fp32", "device": "cpu"}
+    method = cfg["method"]
+    trust = bool(cfg.get("trust_remote_code", False))
+    on_gpu = device.startswith("cuda")
+    weights = None if base else trained_weights_dir(paths.root)
+
+    tok_src = weights if weights is not None and (weights / "tokenizer_config.json").exists() else None
+    tok = AutoTokenizer.from_pretrained(str(tok_src or cfg["model"]), trust_remote_code=trust)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+
+    kwargs: dict[str, Any] = {"trust_remote_code": trust}
+    # The model's own weights: the run's full fine-tune, or the base a LoRA adapter goes on.
+    source = str(weights) if method == "full" and weights is not None else cfg["model"]
+    quantised = method == "qlora" and dtype is None
+    if quantised:
+        from transformers import BitsAndBytesConfig
+
+        q = cfg["quantization"]
+        compute = compute_dtype(plan)  # as in training (fp32 on CPU)
+        if q["bits"] == 4:
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type=q["quant_type"],
+                bnb_4bit_use_double_quant=q["double_quant"],
+                bnb_4bit_compute_dtype=compute,
+            )
+        else:
+            kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+        kwargs["dtype"] = compute
+        kwargs["device_map"] = {"": device}
+    else:
+        import torch
+
+        default = compute_dtype(plan) if on_gpu else torch.float32
+        kwargs["dtype"] = torch_dtype(dtype, default)
+    model: Any = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    if not quantised:
+        model = model.to(device)
+    if weights is not None and method in ("lora", "qlora"):
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(weights), is_trainable=False)
+    if getattr(model.generation_config, "pad_token_id", None) is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    model.eval()
+    return model, tok
