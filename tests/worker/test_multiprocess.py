@@ -98,6 +98,13 @@ def test_every_strategy_completes_from_a_cell_with_ranks_in_agreement(workdir: P
     # Distinct rendezvous ports for runs started together.
     ports = [launch.read_launch(r.paths)["port"] for r in runs.values()]  # type: ignore[index]
     assert len(set(ports)) == len(ports)
+    # DeepSpeed's CPU all-reduce buffers (67 MB of RAM per rank in /dev/shm) do not outlive the runs.
+    left = [
+        p.name
+        for p in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")
+        if int(p.name.split("_")[-2]) in ports
+    ]
+    assert left == []
 
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoModelForCausalLM
