@@ -239,11 +239,19 @@ def _plan_memory(res: Resolved, hw: Hardware, plan: Plan) -> None:
                     break
         if cfg.train.get("per_device_train_batch_size") == "auto":
             plan.micro_batch = 1
-            for micro in (64, 32, 16, 8, 4, 2, 1):
+            if cfg.batch_size:
+                # Never more per device than the effective batch asks for: the divisors of each rank's
+                # share, so gradient accumulation makes up exactly the batch that was asked.
+                share = -(-cfg.batch_size // plan.world_size)
+                sizes = [m for m in range(min(share, 64), 0, -1) if share % m == 0]
+                kind = f"the largest divisor of {share} (batch_size per process)"
+            else:
+                sizes, kind = [64, 32, 16, 8, 4, 2, 1], "the largest power of two"
+            for micro in sizes:
                 if _fits(_estimate(res, plan, mc, micro_batch=micro), cap):
                     plan.micro_batch = micro
                     break
-            reasons.append(f"per_device_train_batch_size {plan.micro_batch}: the largest power of two that "
+            reasons.append(f"per_device_train_batch_size {plan.micro_batch}: {kind} that "
                            f"fits with {int((1 - USABLE) * 100)}% to spare")  # fmt: skip
             if cfg.batch_size:
                 plan.grad_accum = max(1, -(-cfg.batch_size // (plan.micro_batch * plan.world_size)))

@@ -121,6 +121,19 @@ def test_micro_batch_auto_keeps_the_effective_batch(workdir: Path) -> None:
     assert not bigger.plan.fits  # the next power of two would not have fitted
 
 
+@pytest.mark.parametrize(("batch", "gpus", "want"), [(8, 1, (8, 1)), (12, 1, (12, 1)), (8, 4, (2, 1))])
+def test_micro_batch_auto_never_exceeds_the_batch_asked(
+    workdir: Path, batch: int, gpus: int, want: tuple[int, int]
+) -> None:
+    import nbtrain
+
+    text = real_model("Qwen2.5-0.5B", "lora", f"batch_size: {batch}\n", ", per_device_train_batch_size: auto")
+    prep = nbtrain.prepare(text, hardware=hw(A100, n=gpus))  # room for far more than asked
+    args = prep.train_args
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == want
+    assert f"keeps the effective batch at {batch} (asked {batch})" in " ".join(prep.plan.reasons)
+
+
 def test_a_run_that_cannot_fit_is_refused_with_the_smallest_change(workdir: Path) -> None:
     import nbtrain
     from nbtrain.errors import NbtrainError
