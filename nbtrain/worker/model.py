@@ -46,6 +46,21 @@ def lora_config(cfg: dict[str, Any]) -> Any:
     )
 
 
+def quantization_config(cfg: dict[str, Any], plan: dict[str, Any]) -> Any:
+    """The bitsandbytes config of ``quantization:`` (4-bit NF4/FP4 with the compute dtype, or 8-bit)."""
+    from transformers import BitsAndBytesConfig
+
+    q = cfg["quantization"]
+    if q["bits"] == 4:
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=q["quant_type"],
+            bnb_4bit_use_double_quant=q["double_quant"],
+            bnb_4bit_compute_dtype=compute_dtype(plan),
+        )
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
 def load_model(
     cfg: dict[str, Any], plan: dict[str, Any], args: dict[str, Any], *, attach_lora: bool = True
 ) -> Any:
@@ -59,20 +74,8 @@ def load_model(
     kwargs: dict[str, Any] = {"trust_remote_code": cfg["trust_remote_code"]}
     on_gpu = plan["device"] == "cuda"
     if method == "qlora":
-        from transformers import BitsAndBytesConfig
-
-        q = cfg["quantization"]
-        compute = compute_dtype(plan)
-        if q["bits"] == 4:
-            kwargs["quantization_config"] = BitsAndBytesConfig(
-                load_in_4bit=True,
-                bnb_4bit_quant_type=q["quant_type"],
-                bnb_4bit_use_double_quant=q["double_quant"],
-                bnb_4bit_compute_dtype=compute,
-            )
-        else:
-            kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
-        kwargs["dtype"] = compute
+        kwargs["quantization_config"] = quantization_config(cfg, plan)
+        kwargs["dtype"] = compute_dtype(plan)
         kwargs["device_map"] = {"": 0} if on_gpu else {"": "cpu"}
     elif method == "lora":
         # The frozen base can live in the compute dtype; only the adapters train.

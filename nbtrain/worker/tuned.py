@@ -74,7 +74,7 @@ def load_tuned(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nbtrain.worker.model import compute_dtype
+    from nbtrain.worker.model import compute_dtype, quantization_config
 
     paths = RunPaths(Path(run_dir).resolve())
     resolved = read_json(paths.resolved)
@@ -95,20 +95,8 @@ def load_tuned(
     source = str(weights) if method == "full" and weights is not None else cfg["model"]
     quantised = method == "qlora" and dtype is None
     if quantised:
-        from transformers import BitsAndBytesConfig
-
-        q = cfg["quantization"]
-        compute = compute_dtype(plan)  # as in training (fp32 on CPU)
-        if q["bits"] == 4:
-            kwargs["quantization_config"] = BitsAndBytesConfig(
-                load_in_4bit=True,
-                bnb_4bit_quant_type=q["quant_type"],
-                bnb_4bit_use_double_quant=q["double_quant"],
-                bnb_4bit_compute_dtype=compute,
-            )
-        else:
-            kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
-        kwargs["dtype"] = compute
+        kwargs["quantization_config"] = quantization_config(cfg, plan)  # as in training
+        kwargs["dtype"] = compute_dtype(plan)  # fp32 on CPU
         kwargs["device_map"] = {"": device}
     else:
         import torch
