@@ -1,20 +1,167 @@
 """``make bench``: run every bench/bench_*.py script in turn; each prints its table and writes
-bench/results/<name>.json. Not part of ``make test``."""
+bench/results/<name>.json. Then one Markdown table of every results/*.json goes to
+bench/results/README.md (and stdout): what README's "Performance" section shows. Not part of ``make test``.
+
+    python -m bench            # run everything, then write the table
+    python -m bench --table    # only rewrite the table from the results already there
+"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def _overhead(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    k = d["kernel"]
+    load = (
+        f"{k['load_ext_s_median'] * 1e3:.0f} ms, {k['modules_imported']} modules, heavy: {k['heavy_modules']}"
+    )
+    rows = [("`%load_ext nbtrain`", load, "no torch/transformers in the kernel")]
+    for label in ("tiny", "40M"):
+        if label in d:
+            r = d[label]
+            rows.append((f"nbtrain / bare TRL ({label} model)", f"steps/s {_x(r['steps_per_s_ratio'])}, "
+                         f"first step {_x(r['first_step_ratio'])}, peak RSS {_x(r['peak_rss_ratio'])}",
+                         "steps/s >= 0.98x, first step <= 1.10x"))  # fmt: skip
+    return rows
+
+
+def _llamafactory(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    if "error" in d:
+        return [("nbtrain vs LLaMA-Factory", f"not measured: {d['error']}", "first step <= 0.90x")]
+    rows = []
+    for label in ("tiny", "40M"):
+        if label not in d:
+            continue
+        r, m = d[label], d[label]["median"]
+        phases = sorted(r["nbtrain_phases_s"].items(), key=lambda kv: -kv[1])[:3]
+        rows.append((
+            f"time to first step, nbtrain / LLaMA-Factory ({label})",
+            f"{_x(r['first_step_ratio_vs_llamafactory'])} ({m['nbtrain']['first_step_s']:.1f} s vs "
+            f"{m['llamafactory']['first_step_s']:.1f} s; bare TRL {m['bare_trl']['first_step_s']:.1f} s); "
+            f"peak RSS {_x(r['peak_rss_ratio_vs_llamafactory'])}; nbtrain's time: "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in phases),
+            "<= 0.90x",
+        ))  # fmt: skip
+    return rows
+
+
+def _latency(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    a, b = d["idle"], d["dashboard"]
+    return [("cell latency, live dashboard vs idle kernel",
+             f"p50 {b['p50_ms']:.1f} vs {a['p50_ms']:.1f} ms ({_x(d['p50_ratio'])}), "
+             f"p95 {b['p95_ms']:.1f} vs {a['p95_ms']:.1f} ms ({_x(d['p95_ratio'])}); "
+             f"{d['dashboard_updates_during_measurement']} figure updates", "")]  # fmt: skip
+
+
+def _estimator(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    by: dict[str, list[str]] = {}
+    for s in d["summary"].values():
+        worst = max(s["ratio_per_rank"], key=lambda x: abs(x - 1))
+        by.setdefault(s["strategy"], []).append(f"{s['method']} {worst:.4f}")
+    text = "; ".join(f"{k}: {', '.join(v)}" for k, v in by.items())
+    return [("estimate vs measured model-state bytes per rank (CPU, 2 ranks)",
+             f"measured / estimated: {text}", "within 5%")]  # fmt: skip
+
+
+def _scaling(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    text = ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s ({_x(d['speedup_vs_1_rank'][k])})"
+                     for k, v in d["median"].items())  # fmt: skip
+    return [("CPU scaling, 1 vs 2 ranks (2 cores)", text, "~1x expected on 2 cores (see notes)")]
+
+
+def _tail(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    text = (
+        f"poll {_x(d['ratio_poll_1M_1k'])}, refresh {_x(d['ratio_refresh_1M_1k'])}; "
+        f"figure of a 100k-step run {d['figure_json_bytes_100k_steps'] / 1e3:.0f} kB"
+    )
+    return [("live-view refresh cost, 1M-line vs 1k-line metrics file", text, "flat (~1x)")]
+
+
+def _crash(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    n = d["trials_requested"]
+    return [("crash and stop recovery",
+             f"kill -9: {d['kill9_trials_completed']}/{n} resumed and completed; graceful stop: "
+             f"{d['graceful_stop_trials_completed']}/{n}", "all")]  # fmt: skip
+
+
+def _packing(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [("packing vs padding, effective tokens/s",
+             _x(d["effective_tokens_per_s_ratio"]), str(d.get("target", "")))]  # fmt: skip
+
+
+def _gpu(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rows = []
+    for r in d["rows"]:
+        peak = f"{r['peak_bytes'] / 2**30:.1f} GiB" if r.get("peak_bytes") else "-"
+        mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
+        batch = f"batch {r['micro_batch']}x{r['grad_accum']}"
+        text = f"{r['tokens_per_s']:.0f} tok/s, peak {peak}, {batch}{mfu}"
+        rows.append((f"GPU {r['size']} {r['method']}, {r['mode']}", text, d.get("machine", "")))
+    return rows
+
+
+SUMMARIES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str]]]] = {
+    "overhead": _overhead, "llamafactory": _llamafactory, "latency": _latency, "estimator": _estimator,
+    "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu,
+}  # fmt: skip
+
+
+def table(results: Path = RESULTS) -> str:
+    """One Markdown table of every results/*.json, each row with the date its file was written."""
+    lines = ["| benchmark | measured | target | file, date |", "|---|---|---|---|"]
+    for path in sorted(results.glob("*.json")):
+        date = time.strftime("%Y-%m-%d", time.gmtime(path.stat().st_mtime))
+        summarise = SUMMARIES.get(path.stem)
+        try:
+            data = json.loads(path.read_text())
+            rows = summarise(data) if summarise else [(path.stem, "see the file", "")]
+            date = str(data.get("date", date))[:10]
+        except (KeyError, TypeError, ValueError) as e:  # a result in a newer shape: point at it, not crash
+            rows = [(path.stem, f"see the file (no summary: {type(e).__name__}: {e})", "")]
+        for name, measured, target in rows:
+            lines.append(f"| {name} | {measured} | {target} | {path.name}, {date} |")
+    if not (results / "gpu.json").exists():
+        lines.append("| GPU section (bench/gpu.py) | not measured: no GPU where this table was made | | |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(results: Path = RESULTS) -> str:
+    import os
+    import platform
+
+    head = (
+        f"Measured {time.strftime('%Y-%m-%d', time.gmtime())} on {platform.machine()}, {os.cpu_count()} "
+        "cores (see each file for its machine and the load it ran under).\n\n"
+    )
+    text = head + table(results)
+    (results / "README.md").write_text("# Benchmark results\n\n" + text)
+    return text
 
 
 def main() -> int:
     here = Path(__file__).resolve().parent
+    if "--table" in sys.argv[1:]:
+        print(write_table(), end="")
+        return 0
     failed = []
     for script in sorted(here.glob("bench_*.py")):
         print(f"== {script.name}", flush=True)
         if subprocess.run([sys.executable, str(script)], check=False).returncode != 0:
             failed.append(script.name)
+    print(write_table(), end="")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

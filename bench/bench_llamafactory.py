@@ -1,0 +1,322 @@
+"""Time to first step and peak RSS: nbtrain vs ``llamafactory-cli train`` vs a bare TRL script.
+
+Same model (the tiny Llama and a ~40M one built by nbtrain.testing, as bench_overhead does), same data
+(the addition set; LLaMA-Factory reads it through a dataset_info.json entry in its OpenAI-messages
+layout), same LoRA (r 8, alpha 16, dropout 0.05 on q_proj/v_proj: what nbtrain's ``target_modules: auto``
+resolves to), batch 8, lr 1e-3, max length 1024, loss on every token, gradient checkpointing (each tool's
+default), logging every step. The three run in turn with the order rotated each repeat, so a slow
+moment of this shared machine hits all three; the table reports medians.
+
+- nbtrain: ``nbtrain.finetune()`` (a detached worker), timed from the call -- what a cell costs.
+- bare TRL: bench_overhead's script, the same arguments nbtrain resolved.
+- LLaMA-Factory: ``llamafactory-cli train cfg.yaml`` in its own venv (bench/setup_llamafactory.sh);
+  its first step is when trainer_log.jsonl gets its first line. It pins older libraries
+  (transformers 5.6, trl 0.24, peft 0.18, accelerate 1.11, datasets 4.0), recorded in the results.
+
+Time to first step is measured from the moment the process is asked for to the first logged step;
+peak RSS is the whole process tree, sampled every 50 ms (psutil). Where nbtrain's time goes comes from
+one extra run of the real worker in-process with timers around its phases (imports, model load, data
+preparation...). Results go to bench/results/llamafactory.json.
+
+    python bench/bench_llamafactory.py [--repeats 3] [--steps 20]
+      # first runs bash bench/setup_llamafactory.sh (bench/.venv-llamafactory; a no-op once it works)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results" / "llamafactory.json"
+LF_VENV = ROOT / "bench" / ".venv-llamafactory"
+LF_CLI = LF_VENV / "bin" / "llamafactory-cli"
+SYSTEMS = ("nbtrain", "bare_trl", "llamafactory")
+
+# The real worker (python -m nbtrain.worker RUN_DIR), run in-process with timers around its phases. The
+# timers wrap the real methods and call them unchanged.
+PHASES = textwrap.dedent(
+    """
+    import json, sys, time
+    t_python = time.time()
+    run_dir, t0 = sys.argv[1], float(sys.argv[2])
+    spans = []
+
+    def timed(owner, attr, label):
+        fn = getattr(owner, attr)
+        def wrapper(*a, **k):
+            s = time.time()
+            try:
+                return fn(*a, **k)
+            finally:
+                spans.append((label, s, time.time()))
+        setattr(owner, attr, wrapper)
+
+    s = time.time()
+    import torch, transformers, datasets, peft, trl  # noqa
+    from trl import SFTConfig, SFTTrainer
+    from transformers import Trainer  # noqa
+    spans.append(("imports", s, time.time()))
+    from nbtrain.worker import __main__ as worker, sft
+    timed(sft.SFTRecipe, "_load_tokenizer", "tokenizer")
+    timed(sft.SFTRecipe, "_load_data", "data")
+    timed(sft.SFTRecipe, "_load_model", "model")
+    timed(SFTTrainer, "__init__", "trainer_init")
+    timed(SFTTrainer, "_prepare_dataset", "tokenize")
+    timed(sft.SFTRecipe, "train", "train")
+    rc = worker.main([run_dir])
+    print("SPANS", json.dumps({"rc": rc, "t_python": t_python, "spans": spans}), flush=True)
+    """
+)
+
+
+def watch(proc: psutil.Process, done: Any, first_line: Path | None = None) -> tuple[int, float | None]:
+    """Peak RSS of ``proc`` and its children until ``done()``; with ``first_line``, also when that file
+    first had a line (its modification time then: the write itself, not when this loop saw it)."""
+    peak, first = 0, None
+    while not done():
+        try:
+            procs = [proc, *proc.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+        except psutil.Error:
+            pass
+        if first_line is not None and first is None:
+            try:
+                st = first_line.stat()
+                if st.st_size > 0:
+                    first = st.st_mtime
+            except FileNotFoundError:
+                pass
+        time.sleep(0.05)
+    return peak, first
+
+
+def lf_files(work: Path, model: Path, data: Path, label: str, steps: int, cfg: dict[str, Any]) -> Path:
+    """LLaMA-Factory's dataset_info.json and training YAML for the same run nbtrain resolved."""
+    lf = work / f"lf-{label}"
+    lf.mkdir(exist_ok=True)
+    (lf / "add.jsonl").write_bytes(data.read_bytes())
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    columns = {"messages": "messages"}
+    entry = {"file_name": "add.jsonl", "formatting": "sharegpt", "columns": columns, "tags": tags}
+    (lf / "dataset_info.json").write_text(json.dumps({"add": entry}))
+    lora, args = cfg["lora"], cfg["train_args"]
+    yaml = {
+        "model_name_or_path": str(model), "trust_remote_code": False,
+        "stage": "sft", "do_train": True, "finetuning_type": "lora",
+        "lora_rank": lora["r"], "lora_alpha": lora["alpha"], "lora_dropout": lora["dropout"],
+        "lora_target": ",".join(cfg["targets"]),
+        "dataset": "add", "dataset_dir": str(lf), "cutoff_len": cfg["max_length"],
+        "train_on_prompt": True,  # TRL's SFTTrainer computes the loss on every token of a messages row
+        "overwrite_cache": True, "output_dir": str(lf / "out"), "overwrite_output_dir": True,
+        "logging_steps": 1, "per_device_train_batch_size": args["per_device_train_batch_size"],
+        "learning_rate": args["learning_rate"], "max_steps": steps, "save_strategy": "no",
+        "report_to": "none", "seed": args.get("seed", 42), "dataloader_num_workers": 0,
+    }  # fmt: skip
+    (lf / "cfg.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in yaml.items()))
+    return lf
+
+
+def run_llamafactory(lf: Path) -> dict[str, float]:
+    out = lf / "out"
+    log_path = out / "trainer_log.jsonl"
+    if out.exists():
+        for f in out.iterdir():
+            if f.is_file():
+                f.unlink()
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "DISABLE_VERSION_CHECK": "1"}
+    t0 = time.time()
+    with open(lf / "lf.log", "w") as log:
+        proc = subprocess.Popen([str(LF_CLI), "train", str(lf / "cfg.yaml")], cwd=lf, stdout=log,
+                                stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        peak, first = watch(psutil.Process(proc.pid), lambda: proc.poll() is not None, log_path)
+    if proc.returncode != 0 or first is None:
+        tail = (lf / "lf.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"llamafactory-cli train failed (rc {proc.returncode}):\n{tail}")
+    res = json.loads((out / "all_results.json").read_text())
+    return {"first_step_s": first - t0, "steps_per_s": float(res["train_steps_per_second"]), "peak_rss": peak}
+
+
+def phases(config: str, work: Path) -> dict[str, float]:
+    """Where nbtrain's time to first step goes: kernel side, then the worker's phases."""
+    import nbtrain
+    from nbtrain.rundir import read_jsonl
+    from nbtrain.runs import create_run_dir
+
+    t = time.time()
+    prep = nbtrain.prepare(config)
+    run = create_run_dir(prep.name + "-phases", prep.resolved.text, prep.to_dict())
+    kernel = time.time() - t
+    script = work / "phases.py"
+    script.write_text(PHASES)
+    t0 = time.time()
+    out = subprocess.run([sys.executable, str(script), str(run.dir), str(t0)], capture_output=True, text=True,
+                         check=False, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})  # fmt: skip
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("SPANS")), None)
+    if line is None:
+        raise RuntimeError(f"the phase run failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    got = json.loads(line.removeprefix("SPANS "))
+    spans: dict[str, float] = {}
+    starts: dict[str, float] = {}
+    for label, s, e in got["spans"]:
+        spans[label] = spans.get(label, 0.0) + (e - s)
+        starts.setdefault(label, s)
+    first = next(r["t"] for r in read_jsonl(run.paths.metrics) if "loss" in r)
+    parts = {
+        "kernel: validate, plan, write run dir": kernel,
+        "python start + nbtrain import": got["t_python"] - t0,
+        "imports (torch, transformers, datasets, peft, trl)": spans["imports"],
+        "training arguments, seed": starts["tokenizer"] - (starts["imports"] + spans["imports"]),
+        "tokenizer load": spans["tokenizer"],
+        "data load + format check (nbtrain)": spans["data"],
+        "model load + LoRA": spans["model"],
+        "tokenize dataset (TRL)": spans.get("tokenize", 0.0),
+        "trainer init (rest)": spans["trainer_init"] - spans.get("tokenize", 0.0),
+        "optimizer, dataloader, first step": first - starts["train"],
+    }
+    parts["other"] = (first - t0) - sum(v for k, v in parts.items() if not k.startswith("kernel"))
+    return {k: round(v, 3) for k, v in parts.items()}
+
+
+def setup() -> str | None:
+    """Run bench/setup_llamafactory.sh (a no-op once the venv works); the failure, if it fails."""
+    log = LF_VENV.with_name(".venv-llamafactory.log")
+    script = ROOT / "bench" / "setup_llamafactory.sh"
+    with open(log, "a") as f:
+        rc = subprocess.run(["bash", str(script)], stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    if rc == 0 and LF_CLI.exists():
+        return None
+    lines = log.read_text(errors="replace").splitlines()
+    tail = [ln for ln in lines if not ln.startswith("WARNING: Location")]
+    return f"bench/setup_llamafactory.sh failed (rc {rc}); the end of {log}:\n" + "\n".join(tail[-15:])
+
+
+def lf_versions() -> dict[str, str]:
+    code = (
+        "import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
+        "('llamafactory', 'torch', 'transformers', 'trl', 'peft', 'accelerate', 'datasets')}))"
+    )
+    out = subprocess.run(
+        [str(LF_VENV / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True
+    )
+    return dict(json.loads(out.stdout))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--models", default="tiny,40M")
+    args = ap.parse_args()
+    started = time.time()
+    res: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
+        "contention": "shared machine: other helpers ran tests at the same time (loadavg below); the three "
+        "systems alternate, so the ratios hold better than the absolute seconds",
+        "loadavg_start": os.getloadavg(),
+    }
+    error = setup()
+    if error is not None:  # the peer could not be installed here: that is the result, recorded as such
+        res["error"] = error
+        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+        print(error, file=sys.stderr)
+        return 1
+    res["versions"] = {"llamafactory_venv": lf_versions()}
+
+    import importlib.metadata as md
+
+    import nbtrain
+    from bench.bench_overhead import run_bare, run_nbtrain
+    from nbtrain.testing import make_tiny_model, write_dataset
+
+    res["versions"]["nbtrain_venv"] = {p: md.version(p) for p in ("torch", "transformers", "trl", "peft",
+                                                                  "accelerate", "datasets")}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="nbtrain-bench-lf-") as d:
+        work = Path(d)
+        os.environ["NBTRAIN_HOME"] = str(work / "home")
+        os.environ["NBTRAIN_RUNS_DIR"] = str(work / "runs")
+        os.chdir(work)
+        data = write_dataset(work / "data.jsonl", n=400)
+        builders: dict[str, dict[str, int]] = {"tiny": {}, "40M": {"hidden_size": 512, "num_layers": 12}}
+        for label in args.models.split(","):
+            model = make_tiny_model(work / f"model-{label}", **builders[label])
+            config = textwrap.dedent(
+                f"""
+                model: {model}
+                method: lora
+                data: {{train: {data}}}
+                train: {{max_steps: {args.steps}, per_device_train_batch_size: 8, learning_rate: 1.0e-3,
+                         save_strategy: "no", logging_steps: 1}}
+                """
+            )
+            prep = nbtrain.prepare(config)
+            resolved = work / f"resolved-{label}.json"
+            resolved.write_text(json.dumps(prep.to_dict()))
+            est_inputs = prep.plan.estimate["inputs"] if prep.plan.estimate else {}
+            cfg = {
+                "lora": prep.to_dict()["config"]["lora"], "train_args": prep.train_args,
+                "targets": est_inputs.get("lora_targets") or ["q_proj", "v_proj"],
+                "max_length": prep.train_args.get("max_length", 1024),
+            }  # fmt: skip
+            lf = lf_files(work, model, data, label, args.steps, cfg)
+            samples: dict[str, list[dict[str, float]]] = {s: [] for s in SYSTEMS}
+            for i in range(args.repeats):
+                order = SYSTEMS[i % 3 :] + SYSTEMS[: i % 3]
+                for system in order:
+                    if system == "nbtrain":
+                        r = run_nbtrain(config, work, f"{label}-{i}")
+                    elif system == "bare_trl":
+                        r = run_bare(resolved, work)
+                    else:
+                        r = run_llamafactory(lf)
+                    samples[system].append(r)
+                    print(f"  {label} #{i} {system}: first step {r['first_step_s']:.2f} s, "
+                          f"peak RSS {r['peak_rss'] / 2**20:.0f} MiB", flush=True)  # fmt: skip
+            med = {s: {k: statistics.median(x[k] for x in v) for k in v[0]} for s, v in samples.items()}
+            nb, lfm, bare = med["nbtrain"], med["llamafactory"], med["bare_trl"]
+            res[label] = {
+                "median": med,
+                "first_step_ratio_vs_llamafactory": nb["first_step_s"] / lfm["first_step_s"],
+                "first_step_ratio_vs_bare_trl": nb["first_step_s"] / bare["first_step_s"],
+                "peak_rss_ratio_vs_llamafactory": nb["peak_rss"] / lfm["peak_rss"],
+                "peak_rss_ratio_vs_bare_trl": nb["peak_rss"] / bare["peak_rss"],
+                "nbtrain_phases_s": phases(config, work),
+                "samples": samples,
+                "llamafactory_config": (lf / "cfg.yaml").read_text(),
+            }  # fmt: skip
+    res["loadavg_end"] = os.getloadavg()
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+
+    print(
+        "| model | first step s: nbtrain / bare TRL / LLaMA-Factory | nbtrain / LLaMA-Factory "
+        "(target <= 0.90) | peak RSS MiB: nbtrain / bare TRL / LLaMA-Factory |"
+    )
+    print("|---|---|---|---|")
+    for label in args.models.split(","):
+        r = res[label]
+        m = r["median"]
+        print(f"| {label} | {m['nbtrain']['first_step_s']:.1f} / {m['bare_trl']['first_step_s']:.1f} / "
+              f"{m['llamafactory']['first_step_s']:.1f} | {r['first_step_ratio_vs_llamafactory']:.2f} | "
+              + " / ".join(f"{m[s]['peak_rss'] / 2**20:.0f}" for s in SYSTEMS) + " |")  # fmt: skip
+        print("  where nbtrain's time goes: "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in r["nbtrain_phases_s"].items()))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
