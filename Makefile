@@ -31,7 +31,7 @@ typecheck: install
 
 # NBTRAIN_REQUIRE_BROWSER: here the browser tests fail, rather than skip, when chromium or the build is missing.
 pytest: install labext
-	NBTRAIN_REQUIRE_BROWSER=1 $(PY) -m pytest -q -ra
+	NBTRAIN_REQUIRE_BROWSER=1 $(PY) -m pytest -q -ra --durations=25
 
 test: lint typecheck pytest
 
