@@ -33,21 +33,6 @@ from nbtrain.ui.panel import (
 from tests.conftest import lora_yaml
 
 
-@pytest.fixture
-def make_panel() -> Iterator[type[ConfigPanel]]:
-    """ConfigPanel, with every panel made in the test closed afterwards (threads, live views)."""
-    made: list[ConfigPanel] = []
-
-    class Tracked(ConfigPanel):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    yield Tracked
-    for p in made:
-        p.close()
-
-
 def _settled(p: ConfigPanel) -> ConfigPanel:
     assert p.settle(60), "the panel's background check did not finish"
     return p

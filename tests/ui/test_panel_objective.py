@@ -3,30 +3,14 @@ trains on, shows the rows it expects, asks for rewards only for GRPO, and previe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from nbtrain.objectives import OBJECTIVES
 from nbtrain.testing import write_dataset
 from nbtrain.ui.panel import ConfigPanel, data_preview, preview_html
-
-
-@pytest.fixture
-def make_panel() -> Iterator[type[ConfigPanel]]:
-    made: list[ConfigPanel] = []
-
-    class Tracked(ConfigPanel):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    yield Tracked
-    for p in made:
-        p.close()
 
 
 def formats(p: ConfigPanel) -> list[Any]:
