@@ -8,13 +8,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import nbtrain
 from nbtrain.errors import NbtrainError
-from tests.conftest import TUNED_ANSWERS
+from tests.worker.test_export import greedy
 
 
 @pytest.fixture
@@ -23,18 +22,6 @@ def run_copy(tuned_run: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "runs" / tuned_run.name
     shutil.copytree(tuned_run, dst, ignore=shutil.ignore_patterns("checkpoints"))
     return dst
-
-
-def greedy(model: Any, tok: Any, n: int = 10) -> list[list[int]]:
-    import torch
-
-    out = []
-    for q in TUNED_ANSWERS:
-        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                      return_tensors="pt", return_dict=True)  # fmt: skip
-        with torch.no_grad():
-            out.append(model.generate(**ids, max_new_tokens=n, do_sample=False)[0].tolist())
-    return out
 
 
 @pytest.mark.slow
