@@ -16,6 +16,7 @@ from typing import Any
 
 from nbtrain.rundir import RunPaths, read_json, write_status
 from nbtrain.worker.control import LogCap, StopControl
+from nbtrain.worker.lean import hidden_import_hint, hide_unused_packages
 
 
 def recipe_for(resolved: dict[str, Any]) -> Any:
@@ -74,8 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     if rank == 0:
         write_status(paths, "starting", pid=os.getpid())
+    hidden: list[str] = []
     try:
         resolved = read_json(paths.resolved)
+        hidden = hide_unused_packages(resolved)  # before any library import
+        if hidden:
+            print(f"nbtrain: not loaded (this run does not use them): {', '.join(hidden)}", flush=True)
         use_trackers(paths, resolved)
         recipe = recipe_for(resolved)(paths, resolved, stop)
         recipe.setup()
@@ -83,13 +88,16 @@ def main(argv: list[str] | None = None) -> int:
         recipe.cleanup()
     except BaseException as e:  # noqa: BLE001 - every failure is recorded in status.json
         tb = traceback.format_exc()
+        hint = hidden_import_hint(e, hidden)
+        if hint:
+            tb += hint + "\n"
         print(tb, file=sys.stderr, flush=True)
         write_status(
             paths,
             "failed",
             error={
                 "type": type(e).__name__,
-                "message": str(e)[:4000],
+                "message": (f"{e}. {hint}" if hint else str(e))[:4000],
                 "traceback": tb[-8000:],
                 "rank": rank,
             },

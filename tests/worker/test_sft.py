@@ -38,6 +38,8 @@ def test_lora_run_completes_loss_falls_and_adapter_generates(workdir: Path) -> N
     out = run.output_dir
     assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
     assert not (run.dir / "output.partial").exists()
+    # LoRA never quantises: the worker kept peft from pulling bitsandbytes in (and transformers scipy)
+    assert "not loaded (this run does not use them): bitsandbytes, scipy" in run.logs(400)
 
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoTokenizer
