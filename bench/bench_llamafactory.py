@@ -65,6 +65,8 @@ PHASES = textwrap.dedent(
                 spans.append((label, s, time.time()))
         setattr(owner, attr, wrapper)
 
+    from nbtrain.worker.lean import hide_unused_packages  # as the worker does, before any library
+    hide_unused_packages(json.load(open(run_dir + "/resolved.json")))
     s = time.time()
     import torch, transformers, datasets, peft, trl  # noqa
     from trl import SFTConfig, SFTTrainer
@@ -225,7 +227,7 @@ def main() -> int:
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
-        "contention": "shared machine: other helpers ran tests at the same time (loadavg below); the three "
+        "contention": "a shared VM: the load average at start and end says how busy it was; the three "
         "systems alternate, so the ratios hold better than the absolute seconds",
         "loadavg_start": os.getloadavg(),
     }

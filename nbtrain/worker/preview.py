@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stats-rows", type=int, default=2000, help="rows measured for the length statistics")
     a = ap.parse_args(argv)
     resolved = json.loads(Path(a.resolved).read_text(encoding="utf-8"))
+    from nbtrain.worker.lean import hide_unused_packages
+
+    hide_unused_packages(resolved)  # as the training process does: the preview starts as fast
     result = preview(resolved, a.n, a.stats_rows)
     tmp = Path(a.out).with_suffix(".partial")
     tmp.write_text(json.dumps(result), encoding="utf-8")
