@@ -49,6 +49,9 @@ def test_on_its_training_data_the_tuned_model_beats_the_base_and_the_report_is_k
     assert bars == [("base", base["loss"]), ("tuned", tuned["loss"]),
                     ("base", base["perplexity"]), ("tuned", tuned["perplexity"])]  # fmt: skip
     assert "<table" in report._repr_html_()
+    # a LoRA run: the eval process left bitsandbytes out (scipy stays: lm-eval's metrics may use it)
+    log = (run_copy / "logs" / "eval.log").read_text()
+    assert "nbtrain eval: not loaded (this run does not use them): bitsandbytes\n" in log
 
 
 def test_bad_arguments_are_refused_before_anything_starts(run_copy: Path, tmp_path: Path) -> None:

@@ -182,7 +182,11 @@ def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve_builtin(run_dir: Path, port: int, base_only: bool, device: str) -> int:
+def serve_builtin(run_dir: Path, port: int, base_only: bool, device: str, *, lean: bool = False) -> int:
+    if lean:
+        from nbtrain.worker.lean import hide_for_run
+
+        hide_for_run(run_dir, label="nbtrain serve")  # before the engine imports torch and peft
     engine = Engine(run_dir, base_only=base_only, device=device)
     httpd = ThreadingHTTPServer((HOST, port), make_handler(engine))
     httpd.daemon_threads = True
@@ -274,7 +278,8 @@ def serve_vllm(run_dir: Path, port: int, base_only: bool) -> int:
         remove_info(run_dir)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, lean: bool = False) -> int:
+    """``lean``: this process is the server command, so it may leave unused packages out."""
     ap = argparse.ArgumentParser(prog="python -m nbtrain.serve.server", description=__doc__)
     ap.add_argument("run_dir")
     ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
@@ -286,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     use_vllm = args.engine == "vllm" or (args.engine == "auto" and vllm_usable())
     if use_vllm:
         return serve_vllm(run_dir, args.port, args.base_only)
-    return serve_builtin(run_dir, args.port, args.base_only, args.device)
+    return serve_builtin(run_dir, args.port, args.base_only, args.device, lean=lean)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(lean=True))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.rundir import RunPaths, atomic_write_json, read_json
+from nbtrain.worker.lean import hide_for_run
 
 EVAL_DIR = "eval"
 
@@ -261,8 +262,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, lean: bool = False) -> int:
+    """``lean``: this process is the command (``python -m``), so it may leave unused packages out."""
     args = _parser().parse_args(argv)
+    if lean:  # lm-eval's metrics may need scipy (through scikit-learn): only bitsandbytes stays out
+        hide_for_run(Path(args.run_dir).resolve(), keep=("scipy",), label="nbtrain eval")
     result: dict[str, Any] = {"ok": False}
     try:
         report = evaluate(args)
@@ -286,4 +290,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(lean=True))

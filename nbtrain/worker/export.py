@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.rundir import RunPaths, atomic_write_json, read_json
+from nbtrain.worker.lean import hide_for_run
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 PROVENANCE = "nbtrain_export.json"
@@ -193,9 +194,12 @@ def push(target: Path, repo: str, *, private: bool, run_id: str) -> str:
     return str(url)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, lean: bool = False) -> int:
+    """``lean``: this process is the command (``python -m``), so it may leave unused packages out."""
     args = _parser().parse_args(argv)
     run_dir = Path(args.run_dir).resolve()
+    if lean:
+        hide_for_run(run_dir, label="nbtrain export")  # before torch/peft are imported
     target = Path(args.to).expanduser().resolve()
     result: dict[str, Any] = {"ok": False, "dir": str(target)}
 
@@ -236,4 +240,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(lean=True))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 # TrainingArguments ``optim`` values implemented in torch itself (no bitsandbytes, no extra package).
@@ -51,9 +52,13 @@ def unused_packages(resolved: dict[str, Any]) -> list[str]:
 def hide_unused_packages(resolved: dict[str, Any]) -> list[str]:
     """Hide what this run does not use (unless ``NBTRAIN_LEAN_IMPORTS=0``); returns what was hidden.
     Must run before torch, transformers or peft are imported: what is already imported stays."""
+    return _hide(unused_packages(resolved))
+
+
+def _hide(names: list[str]) -> list[str]:
     if os.environ.get("NBTRAIN_LEAN_IMPORTS", "1") == "0":
         return []
-    hidden = [name for name in unused_packages(resolved) if name not in sys.modules]
+    hidden = [name for name in names if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]  # find_spec -> None, import -> ImportError
     return hidden
@@ -71,3 +76,18 @@ def hidden_import_hint(error: BaseException, hidden: list[str]) -> str | None:
         f"in the run imported it. Set NBTRAIN_LEAN_IMPORTS=0 in the environment (the kernel's, before "
         f"starting the run) to load every installed package."
     )
+
+
+def hide_for_run(run_dir: Path, *, keep: tuple[str, ...] = (), label: str = "nbtrain") -> list[str]:
+    """hide_unused_packages for a process that works on a finished run (serve, export, eval): what the
+    run's resolved.json says it does not use, less ``keep``; says on stdout what was left out."""
+    from nbtrain.rundir import RunPaths, read_json
+
+    try:
+        resolved = read_json(RunPaths(run_dir).resolved)
+    except (OSError, ValueError):
+        return []  # not a run directory: the caller reports that itself
+    hidden = _hide([n for n in unused_packages(resolved) if n not in keep])
+    if hidden:
+        print(f"{label}: not loaded (this run does not use them): {', '.join(hidden)}", flush=True)
+    return hidden

@@ -84,6 +84,9 @@ def test_models_lists_the_tuned_and_the_base_model(server: ServerHandle) -> None
     assert [m["id"] for m in out["data"]] == ["tuned", "tuned:base"]
     status, health = http(server.url.removesuffix("/v1") + "/health")
     assert (status, health) == (200, {"status": "ok"})
+    # a LoRA run: the server process left bitsandbytes and scipy out (nbtrain.worker.lean)
+    log = (server.run_dir / "logs" / "serve.log").read_text()
+    assert "nbtrain serve: not loaded (this run does not use them): bitsandbytes, scipy" in log
 
 
 def test_tuned_answer_differs_from_base_answer_on_training_prompts(server: ServerHandle) -> None:

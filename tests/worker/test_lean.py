@@ -116,3 +116,10 @@ def test_a_run_that_imports_a_hidden_package_fails_with_the_fix(tmp_path: Path) 
     assert status["state"] == "failed" and status["error"]["type"] == "ModuleNotFoundError"
     assert "did not load scipy" in status["error"]["message"]
     assert "NBTRAIN_LEAN_IMPORTS=0" in status["error"]["message"]
+
+
+def test_a_directory_that_is_not_a_run_hides_nothing(tmp_path: Path) -> None:
+    from nbtrain.worker.lean import hide_for_run
+
+    assert hide_for_run(tmp_path) == []
+    assert sys.modules.get("scipy", "absent") is not None  # this process was left as it was
