@@ -85,27 +85,6 @@ PHASES = textwrap.dedent(
 )
 
 
-def watch(proc: psutil.Process, done: Any, first_line: Path | None = None) -> tuple[int, float | None]:
-    """Peak RSS of ``proc`` and its children until ``done()``; with ``first_line``, also when that file
-    first had a line (its modification time then: the write itself, not when this loop saw it)."""
-    peak, first = 0, None
-    while not done():
-        try:
-            procs = [proc, *proc.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
-        except psutil.Error:
-            pass
-        if first_line is not None and first is None:
-            try:
-                st = first_line.stat()
-                if st.st_size > 0:
-                    first = st.st_mtime
-            except FileNotFoundError:
-                pass
-        time.sleep(0.05)
-    return peak, first
-
-
 def lf_files(work: Path, model: Path, data: Path, label: str, steps: int, cfg: dict[str, Any]) -> Path:
     """LLaMA-Factory's dataset_info.json and training YAML for the same run nbtrain resolved."""
     lf = work / f"lf-{label}"
@@ -133,6 +112,8 @@ def lf_files(work: Path, model: Path, data: Path, label: str, steps: int, cfg: d
 
 
 def run_llamafactory(lf: Path) -> dict[str, float]:
+    from bench.bench_overhead import watch
+
     out = lf / "out"
     log_path = out / "trainer_log.jsonl"
     if out.exists():

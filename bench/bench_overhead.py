@@ -60,16 +60,25 @@ BARE = textwrap.dedent(
 )
 
 
-def tree_peak_rss(proc: psutil.Process, done: callable) -> int:  # type: ignore[valid-type]
-    peak = 0
+def watch(proc: psutil.Process, done: Any, first_line: Path | None = None) -> tuple[int, float | None]:
+    """Peak RSS of ``proc`` and its children until ``done()``; with ``first_line``, also when that file
+    first had a line (its modification time then: the write itself, not when this loop saw it)."""
+    peak, first = 0, None
     while not done():
         try:
             procs = [proc, *proc.children(recursive=True)]
             peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
         except psutil.Error:
             pass
-        time.sleep(0.1)
-    return peak
+        if first_line is not None and first is None:
+            try:
+                st = first_line.stat()
+                if st.st_size > 0:
+                    first = st.st_mtime
+            except FileNotFoundError:
+                pass
+        time.sleep(0.05)
+    return peak, first
 
 
 def run_nbtrain(config: str, workdir: Path, name: str) -> dict[str, float]:
@@ -80,7 +89,7 @@ def run_nbtrain(config: str, workdir: Path, name: str) -> dict[str, float]:
     run = nbtrain.finetune(config, name=name)
     info = launch.read_launch(run.paths)
     assert info is not None
-    peak = tree_peak_rss(psutil.Process(info["pid"]), lambda: not launch.group_alive(info))
+    peak, _ = watch(psutil.Process(info["pid"]), lambda: not launch.group_alive(info))
     st = run.wait(timeout=1800)
     m = run.metrics()
     m = m[m["loss"].notna()]  # one row per step (logging_steps 1), written as the step ends
@@ -109,7 +118,7 @@ def run_bare(resolved: Path, workdir: Path) -> dict[str, float]:
     with open(workdir / "bare.log", "w") as log:
         proc = subprocess.Popen([sys.executable, str(script), str(resolved), str(workdir / "ckpt"), str(t0)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
-        peak = tree_peak_rss(psutil.Process(proc.pid), lambda: proc.poll() is not None)
+        peak, _ = watch(psutil.Process(proc.pid), lambda: proc.poll() is not None)
     line = next(ln for ln in (workdir / "bare.log").read_text().splitlines() if ln.startswith("RESULT"))
     got = json.loads(line.removeprefix("RESULT "))
     got["steady_steps_per_s"] = steady(got.pop("step_times"))
