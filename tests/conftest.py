@@ -82,6 +82,17 @@ train: {{max_steps: 40, learning_rate: 3.0e-2, per_device_train_batch_size: 8, l
     return run.dir
 
 
+@pytest.fixture
+def run_copy(tuned_run: Path, tmp_path: Path) -> Path:
+    """A private copy of the shared tuned run, without its checkpoints (exports and evaluations write
+    logs and results into the run directory)."""
+    import shutil
+
+    dst = tmp_path / "runs" / tuned_run.name
+    shutil.copytree(tuned_run, dst, ignore=shutil.ignore_patterns("checkpoints"))
+    return dst
+
+
 @pytest.fixture(scope="session")
 def qlora_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
     """The directory of one completed QLoRA (4-bit NF4) run on TUNED_ANSWERS with an eval split and

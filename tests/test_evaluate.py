@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
 
 import nbtrain
 from nbtrain.errors import NbtrainError
-
-
-@pytest.fixture
-def run_copy(tuned_run: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "runs" / tuned_run.name
-    shutil.copytree(tuned_run, dst, ignore=shutil.ignore_patterns("checkpoints"))
-    return dst
 
 
 @pytest.mark.slow

@@ -16,14 +16,6 @@ from nbtrain.errors import NbtrainError
 from tests.worker.test_export import greedy
 
 
-@pytest.fixture
-def run_copy(tuned_run: Path, tmp_path: Path) -> Path:
-    """A private copy of the shared tuned run (exports and evaluations write logs into a run dir)."""
-    dst = tmp_path / "runs" / tuned_run.name
-    shutil.copytree(tuned_run, dst, ignore=shutil.ignore_patterns("checkpoints"))
-    return dst
-
-
 @pytest.mark.slow
 def test_merged_export_reloads_alone_and_generates_what_base_plus_adapter_does(
     run_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

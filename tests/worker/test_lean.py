@@ -4,6 +4,7 @@ import, transformers scipy), and says how to get them back when something does n
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,8 +68,6 @@ print(json.dumps({"hidden": hidden, "loaded": loaded, "bnb": is_bitsandbytes_ava
 
 
 def probe(res: dict[str, Any], model: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    import os
-
     out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(res), str(model)], capture_output=True,
                          text=True, timeout=300, check=True, env={**os.environ, **(env or {})})  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
