@@ -1,4 +1,4 @@
-// Client of the server extension's REST API (nbtrain/server/handlers.py).
+// Client of the server extension's REST API (nbtrain/ui/server/handlers.py).
 // ServerConnection adds the token and the XSRF header, so POSTs pass the server's checks.
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -9,8 +9,16 @@ export interface IRunInfo {
   id: string;
   name: string;
   run_dir: string;
+  // The folder holding the run directory, as shown: relative to the server's root ("runs"), or "~/...".
+  folder: string;
+  // When the run was created (seconds since the epoch).
   created: number;
+  // Whether Resume can continue it (stopped or failed, with a complete checkpoint); else why not.
+  resumable: boolean;
+  resume_note: string | null;
   state: string;
+  // While starting: what the worker is doing ("downloading model org/x 3.1 / 15.2 GB, 40 MB/s").
+  phase: string | null;
   done: boolean;
   step: number;
   max_steps: number | null;
@@ -73,12 +81,13 @@ export async function requestAPI<T>(
   return data as T;
 }
 
-export function runAction(
-  runId: string,
-  action: 'stop' | 'checkpoint'
-): Promise<IRunInfo> {
-  return requestAPI<IRunInfo>(
-    `runs/${encodeURIComponent(runId)}/${action}`,
-    { method: 'POST', body: '{}' }
-  );
+export type RunAction = 'stop' | 'checkpoint' | 'resume' | 'delete';
+
+/** POST runs/ID/ACTION. Stop waits until the run has saved its checkpoint and exited; delete answers
+ * {id, trash} (where the run directory went), the others the run's new status. */
+export function runAction<T = IRunInfo>(runId: string, action: RunAction): Promise<T> {
+  return requestAPI<T>(`runs/${encodeURIComponent(runId)}/${action}`, {
+    method: 'POST',
+    body: '{}'
+  });
 }

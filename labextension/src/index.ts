@@ -1,19 +1,19 @@
-// nbtrain's JupyterLab extension: the "Training runs" sidebar, a status-bar item, and %%finetune cells
-// (YAML highlighting, config-key completion). All of it reads the server extension's REST API.
-import {
-  ILabShell,
-  JupyterFrontEnd,
-  JupyterFrontEndPlugin
-} from '@jupyterlab/application';
+// nbtrain's JupyterLab extension (also loaded by Jupyter Notebook 7): the "Training runs" sidebar, a
+// status-bar item, and %%finetune cells (YAML highlighting, config-key completion). All of it reads the
+// server extension's REST API.
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICompletionProviderManager } from '@jupyterlab/completer';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { Kernel, KernelMessage } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { FinetuneCompletionProvider, highlightFinetuneCells } from './finetune';
+import { attachSource } from './logic';
 import { RunsModel } from './model';
 import { RunsStatus } from './statusbar';
 import { RunsSidebar } from './sidebar';
+import { toCellPlugin } from './tocell';
 
 const runsIcon = new LabIcon({
   name: 'nbtrain:runs',
@@ -23,45 +23,87 @@ const runsIcon = new LabIcon({
     '</svg>'
 });
 
+/**
+ * Whether the kernel has nbtrain's magics (`%load_ext nbtrain` ran since it started): asked silently
+ * through a user expression, so nothing shows in the notebook. null when the kernel does not answer in
+ * time (busy with a long cell) or is not IPython.
+ */
+async function magicsLoaded(kernel: Kernel.IKernelConnection): Promise<boolean | null> {
+  const future = kernel.requestExecute({
+    code: '',
+    silent: true,
+    store_history: false,
+    user_expressions: { nbtrain: "'finetune' in get_ipython().magics_manager.magics['line']" }
+  });
+  let timer = 0;
+  const late = new Promise<null>(resolve => {
+    timer = window.setTimeout(() => resolve(null), 5000);
+  });
+  try {
+    const reply = await Promise.race([future.done, late]);
+    const content = reply?.content as KernelMessage.IExecuteReply | undefined;
+    const answer = content?.user_expressions?.nbtrain as
+      | { status?: string; data?: { 'text/plain'?: string } }
+      | undefined;
+    return answer?.status === 'ok' ? answer.data?.['text/plain'] === 'True' : null;
+  } catch {
+    return null;
+  } finally {
+    window.clearTimeout(timer);
+  }
+}
+
 const runsPlugin: JupyterFrontEndPlugin<void> = {
   id: 'nbtrain:runs',
-  description: 'Sidebar and status bar for nbtrain training runs.',
+  description: 'Sidebar and status bar for nbtrain training runs (JupyterLab and Notebook 7).',
   autoStart: true,
-  requires: [ILabShell],
+  // Nothing required: in Notebook 7 there is no ILabShell nor status bar, and the sidebar goes in its
+  // left panel (View > Left Sidebar > Show Training runs).
   optional: [INotebookTracker, IStatusBar],
   activate: (
     app: JupyterFrontEnd,
-    shell: ILabShell,
     tracker: INotebookTracker | null,
     statusBar: IStatusBar | null
   ) => {
     const model = new RunsModel();
 
-    const openDashboard = async (runId: string): Promise<boolean> => {
+    const openDashboard = async (runId: string): Promise<string | null> => {
       const panel = tracker?.currentWidget;
       if (!panel) {
-        return false;
+        return `Open a notebook to show the dashboard of run ${runId} there.`;
       }
       await panel.sessionContext.ready;
+      const kernel = panel.sessionContext.session?.kernel;
+      if (!kernel) {
+        return `The notebook ${panel.title.label} has no kernel: select one (Kernel menu), then try again.`;
+      }
+      const source = attachSource(runId, await magicsLoaded(kernel));
       const notebook = panel.content;
-      NotebookActions.insertBelow(notebook);
+      // An empty code cell in front (a new notebook's first cell) takes the attach cell; otherwise a new
+      // cell below the active one does, so no empty cell is left behind.
+      const active = notebook.activeCell;
+      const empty =
+        active?.model.type === 'code' && active.model.sharedModel.getSource().trim() === '';
+      if (!empty) {
+        NotebookActions.insertBelow(notebook);
+      }
       const cell = notebook.activeCell;
       if (!cell) {
-        return false;
+        return `The notebook ${panel.title.label} has no cell to show the dashboard in.`;
       }
-      cell.model.sharedModel.setSource(`%finetune attach ${runId}`);
-      shell.activateById(panel.id);
+      cell.model.sharedModel.setSource(source);
+      app.shell.activateById(panel.id);
       await NotebookActions.run(notebook, panel.sessionContext);
-      return true;
+      return null;
     };
 
     const sidebar = new RunsSidebar({ model, openDashboard });
     sidebar.title.icon = runsIcon;
-    shell.add(sidebar, 'left', { rank: 600 });
+    app.shell.add(sidebar, 'left', { rank: 600 });
 
     if (statusBar) {
       statusBar.registerStatusItem('nbtrain:status', {
-        item: new RunsStatus(model),
+        item: new RunsStatus(model, () => app.shell.activateById(sidebar.id)),
         align: 'left',
         rank: 100
       });
@@ -87,4 +129,4 @@ const finetuneCellsPlugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [runsPlugin, finetuneCellsPlugin];
+export default [runsPlugin, finetuneCellsPlugin, toCellPlugin];

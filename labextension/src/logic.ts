@@ -166,3 +166,69 @@ export function stepsText(step: number, maxSteps: number | null): string {
 export function activeRunsText(active: number): string {
   return `nbtrain: ${active} active run${active === 1 ? '' : 's'}`;
 }
+
+const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
+
+/**
+ * When a run started, short and in local time: "today 14:03", "3 Jan 14:03", "3 Jan 2024 14:03" (another
+ * year). ``created`` is in seconds since the epoch (the registry's); '' when unknown.
+ */
+export function startedText(created: number | null | undefined, now: Date = new Date()): string {
+  if (!created || !Number.isFinite(created)) {
+    return '';
+  }
+  const d = new Date(created * 1000);
+  const hm = `${String(d.getHours()).padStart(2, '0')}:${String(d.getMinutes()).padStart(2, '0')}`;
+  const sameYear = d.getFullYear() === now.getFullYear();
+  if (sameYear && d.getMonth() === now.getMonth() && d.getDate() === now.getDate()) {
+    return `today ${hm}`;
+  }
+  const day = `${d.getDate()} ${MONTHS[d.getMonth()]}`;
+  return sameYear ? `${day} ${hm}` : `${day} ${d.getFullYear()} ${hm}`;
+}
+
+export interface IFilterable {
+  id: string;
+  name: string;
+  state: string;
+  folder?: string;
+}
+
+/** Whether a run matches the sidebar's filter box: every word of it, in its name, id, state or folder. */
+export function matchesFilter(run: IFilterable, query: string): boolean {
+  const hay = `${run.name} ${run.id} ${run.state} ${run.folder ?? ''}`.toLowerCase();
+  return query
+    .toLowerCase()
+    .split(/\s+/)
+    .filter(w => w.length > 0)
+    .every(w => hay.includes(w));
+}
+
+/** More finished runs than this start folded away (until the user opens or closes the group). */
+export const FOLD_FINISHED_OVER = 5;
+
+/** The status bar's tooltip about GPUs: per GPU its memory, or why there is none, in plain words. */
+export function gpuTooltip(
+  gpus: { index: number; name: string; memory_used: number; memory_total: number }[],
+  error: string | null
+): string {
+  if (gpus.length > 0) {
+    return gpus
+      .map(g => `GPU ${g.index} ${g.name}: ${formatBytes(g.memory_used)} / ${formatBytes(g.memory_total)} in use`)
+      .join('\n');
+  }
+  // NVML's own words ("NVML Shared Library Not Found", "Driver Not Loaded") mean no usable NVIDIA GPU here.
+  if (!error || /no nvidia|not found|driver not loaded|no supported gpu/i.test(error)) {
+    return 'No NVIDIA GPU on this machine';
+  }
+  return `GPU memory cannot be read: ${error}`;
+}
+
+/**
+ * The cell that shows a run's dashboard: `%finetune attach RUN`, after `%load_ext nbtrain` when the kernel
+ * lacks the magics (a restarted kernel, a new notebook) or did not say (null), so the cell works whatever
+ * ran before it.
+ */
+export function attachSource(runId: string, loaded: boolean | null): string {
+  return (loaded ? '' : '%load_ext nbtrain\n') + `%finetune attach ${runId}`;
+}

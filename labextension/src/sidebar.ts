@@ -1,12 +1,19 @@
-// The "Training runs" panel: one row per run with its state, progress, last loss and actions.
-import { showErrorMessage } from '@jupyterlab/apputils';
+// The "Training runs" panel: a filter box, then the active runs and the finished ones (a group that folds
+// away), one card per run with its name, state, id, start time and folder, progress, last loss, and the
+// actions its state allows (the others are hidden, not disabled): Stop while it is active, Checkpoint while
+// it trains; Resume where a stopped or failed run has a checkpoint to continue from, and Delete, once ended.
+import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+import { caretDownIcon, deleteIcon, LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { IRunInfo, runAction } from './api';
+import { IRunInfo, RunAction, runAction } from './api';
 import {
+  FOLD_FINISHED_OVER,
   formatBytes,
+  matchesFilter,
   progressFraction,
   sparklinePath,
+  startedText,
   stepsText
 } from './logic';
 import { RunsModel } from './model';
@@ -14,11 +21,35 @@ import { RunsModel } from './model';
 const SPARK_W = 80;
 const SPARK_H = 18;
 
+// A line chart: the dashboard (loss, learning rate, memory over the steps).
+const dashboardIcon = new LabIcon({
+  name: 'nbtrain:dashboard',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">' +
+    '<path style="fill: none" stroke="currentColor" stroke-width="2" stroke-linecap="round" ' +
+    'stroke-linejoin="round" d="M4 4v16h16M7.5 14.5l3.5-4.5 3.5 3 5-6.5"/></svg>'
+});
+
 export interface ISidebarOptions {
   model: RunsModel;
-  // Inserts and runs `%finetune attach RUN` in the active notebook; null when no notebook is open.
-  openDashboard: (runId: string) => Promise<boolean>;
+  // Shows a dashboard of the run in the active notebook (a cell that attaches to it); resolves to null,
+  // or to why it could not (no notebook open, no kernel).
+  openDashboard: (runId: string) => Promise<string | null>;
 }
+
+interface IGroup {
+  node: HTMLElement;
+  head: HTMLElement;
+  count: HTMLElement;
+  list: HTMLUListElement;
+}
+
+const VERB: { [a in RunAction]: string } = {
+  stop: 'stop',
+  checkpoint: 'checkpoint',
+  resume: 'resume',
+  delete: 'delete'
+};
 
 export class RunsSidebar extends Widget {
   constructor(options: ISidebarOptions) {
@@ -31,13 +62,26 @@ export class RunsSidebar extends Widget {
     const header = document.createElement('div');
     header.className = 'nbtrain-header';
     header.textContent = 'Training runs';
+    this._filter = document.createElement('input');
+    this._filter.type = 'search';
+    this._filter.className = 'nbtrain-filter';
+    this._filter.placeholder = 'Filter by name, id or state';
+    this._filter.setAttribute('aria-label', 'Filter runs');
+    this._filter.addEventListener('input', () => this._render());
     this._status = document.createElement('div');
     this._status.className = 'nbtrain-message';
-    this._list = document.createElement('ul');
-    this._list.className = 'nbtrain-runs';
+    this._active = this._makeGroup('active', 'Active', false);
+    this._finished = this._makeGroup('finished', 'Finished', true);
     this._gpus = document.createElement('div');
     this._gpus.className = 'nbtrain-gpus';
-    this.node.append(header, this._status, this._list, this._gpus);
+    this.node.append(
+      header,
+      this._filter,
+      this._status,
+      this._active.node,
+      this._finished.node,
+      this._gpus
+    );
     this._model.changed.connect(this._render, this);
     this._render();
   }
@@ -47,27 +91,59 @@ export class RunsSidebar extends Widget {
     super.dispose();
   }
 
+  private _makeGroup(kind: string, label: string, foldable: boolean): IGroup {
+    const node = document.createElement('section');
+    node.className = `nbtrain-group nbtrain-group-${kind}`;
+    const head = document.createElement(foldable ? 'button' : 'div');
+    head.className = 'nbtrain-group-head';
+    if (foldable) {
+      head.classList.add('nbtrain-group-toggle');
+      head.title = 'Show or hide the finished runs';
+      head.append(caretDownIcon.element({ tag: 'span', className: 'nbtrain-caret' }));
+      head.addEventListener('click', () => {
+        this._folded = !this._isFolded();
+        this._render();
+      });
+    }
+    const text = document.createElement('span');
+    text.textContent = label;
+    const count = document.createElement('span');
+    count.className = 'nbtrain-group-count';
+    head.append(text, count);
+    const list = document.createElement('ul');
+    list.className = 'nbtrain-runs';
+    node.append(head, list);
+    return { node, head, count, list };
+  }
+
+  /** Finished runs start folded when there are many; a click on the group's head decides from then on. */
+  private _isFolded(): boolean {
+    const finished = this._model.runs.filter(r => r.done).length;
+    return this._folded ?? finished > FOLD_FINISHED_OVER;
+  }
+
   private _render(): void {
     const model = this._model;
+    const query = this._filter.value.trim();
+    const shown = model.runs.filter(r => matchesFilter(r, query));
+    const active = shown.filter(r => !r.done);
+    const finished = shown.filter(r => r.done);
     this._status.textContent = model.error
       ? `Cannot reach the nbtrain server extension: ${model.error}`
       : model.runs.length === 0
         ? 'No runs yet. Start one with a %%finetune cell.'
-        : '';
-    // Rows are kept by run id and updated in place, so a poll never steals a button's focus or hover.
-    const seen = new Set<string>();
-    model.runs.forEach((run, i) => {
-      seen.add(run.id);
-      let row = this._rows.get(run.id);
-      if (!row) {
-        row = this._makeRow(run.id);
-        this._rows.set(run.id, row);
-      }
-      if (this._list.children[i] !== row) {
-        this._list.insertBefore(row, this._list.children[i] ?? null);
-      }
-      this._updateRow(row, run);
-    });
+        : shown.length === 0
+          ? `No run matches “${query}”.`
+          : '';
+    this._filter.style.display = model.runs.length === 0 ? 'none' : '';
+    // While filtering, finished runs that match are shown even when the group is folded.
+    const folded = !query && this._isFolded();
+    this._fill(this._active, active, false);
+    this._fill(this._finished, finished, folded);
+    this._finished.head.setAttribute('aria-expanded', String(!folded));
+    this._finished.node.classList.toggle('nbtrain-folded', folded);
+    // Rows of runs no longer listed (deleted, or filtered out) go.
+    const seen = new Set(shown.map(r => r.id));
     for (const [id, row] of this._rows) {
       if (!seen.has(id)) {
         row.remove();
@@ -77,11 +153,28 @@ export class RunsSidebar extends Widget {
     this._renderGpus();
   }
 
+  private _fill(group: IGroup, runs: IRunInfo[], folded: boolean): void {
+    group.node.style.display = runs.length === 0 ? 'none' : '';
+    group.count.textContent = String(runs.length);
+    group.list.style.display = folded ? 'none' : '';
+    // Rows are kept by run id and updated in place, so a poll never steals a button's focus or hover.
+    runs.forEach((run, i) => {
+      let row = this._rows.get(run.id);
+      if (!row) {
+        row = this._makeRow(run.id);
+        this._rows.set(run.id, row);
+      }
+      if (group.list.children[i] !== row) {
+        group.list.insertBefore(row, group.list.children[i] ?? null);
+      }
+      this._updateRow(row, run);
+    });
+  }
+
   /** Per-GPU memory in use (NVML, sampled once for all clients by the server); hidden without GPUs. */
   private _renderGpus(): void {
-    const { gpus, error } = this._model.gpus;
+    const { gpus } = this._model.gpus;
     this._gpus.replaceChildren();
-    this._gpus.title = error ?? '';
     if (gpus.length === 0) {
       this._gpus.style.display = 'none';
       return;
@@ -118,90 +211,157 @@ export class RunsSidebar extends Widget {
         <span class="nbtrain-run-name"></span>
         <span class="nbtrain-state"></span>
       </div>
+      <div class="nbtrain-run-id"></div>
+      <div class="nbtrain-run-meta">
+        <span class="nbtrain-run-time"></span>
+        <span class="nbtrain-run-folder"></span>
+      </div>
       <div class="nbtrain-progress"><div class="nbtrain-progress-bar"></div></div>
       <div class="nbtrain-run-detail">
         <span class="nbtrain-steps"></span>
-        <svg class="nbtrain-spark" width="${SPARK_W}" height="${SPARK_H}" viewBox="0 0 ${SPARK_W} ${SPARK_H}"
+        <svg class="nbtrain-spark" width="${SPARK_W}" height="${SPARK_H}" viewBox="0 0 ${SPARK_W} ${SPARK_H}" preserveAspectRatio="none"
           aria-label="loss"><path fill="none" stroke="currentColor" stroke-width="1.2"/></svg>
         <span class="nbtrain-loss"></span>
       </div>
       <div class="nbtrain-error"></div>
+      <div class="nbtrain-run-note"></div>
       <div class="nbtrain-actions">
-        <button class="jp-mod-styled nbtrain-stop" data-action="stop">Stop</button>
-        <button class="jp-mod-styled nbtrain-checkpoint" data-action="checkpoint">Checkpoint</button>
-        <button class="jp-mod-styled nbtrain-open" data-action="open">Open dashboard</button>
+        <button class="jp-mod-styled nbtrain-stop" data-action="stop"
+          title="Stop after the current step (it saves a checkpoint first)">Stop</button>
+        <button class="jp-mod-styled nbtrain-checkpoint" data-action="checkpoint"
+          title="Save a checkpoint after the current step and keep training">Checkpoint</button>
+        <button class="jp-mod-styled nbtrain-resume" data-action="resume">Resume</button>
+        <span class="nbtrain-actions-gap"></span>
+        <button class="jp-mod-styled nbtrain-open" data-action="open" aria-label="Dashboard"
+          title="Show this run's dashboard in the active notebook"><span
+          class="nbtrain-open-label">Dashboard</span></button>
+        <button class="jp-mod-styled nbtrain-delete" data-action="delete" aria-label="Delete run"
+          title="Delete run (moves its folder to the trash)"></button>
       </div>`;
+    row
+      .querySelector('.nbtrain-open')!
+      .prepend(dashboardIcon.element({ tag: 'span', className: 'nbtrain-icon' }));
+    row
+      .querySelector('.nbtrain-delete')!
+      .append(deleteIcon.element({ tag: 'span', className: 'nbtrain-icon' }));
     row.querySelectorAll('button').forEach(button =>
-      button.addEventListener('click', () =>
-        void this._act(runId, button.dataset.action!, button)
-      )
+      button.addEventListener('click', () => void this._act(runId, button.dataset.action!))
     );
     return row;
   }
 
   private _updateRow(row: HTMLLIElement, run: IRunInfo): void {
     const q = (sel: string) => row.querySelector(sel) as HTMLElement;
+    const b = (sel: string) => row.querySelector(sel) as HTMLButtonElement;
     q('.nbtrain-run-name').textContent = run.name;
-    q('.nbtrain-run-name').title = `${run.id}\n${run.run_dir}`;
+    q('.nbtrain-run-name').title = run.name;
     const state = q('.nbtrain-state');
     state.textContent = run.state;
     state.className = `nbtrain-state nbtrain-state-${run.state}`;
-    const frac = progressFraction(run.step, run.max_steps);
+    q('.nbtrain-run-id').textContent = run.id;
+    q('.nbtrain-run-id').title = `${run.id}\n${run.run_dir}`;
+    const started = startedText(run.created);
+    q('.nbtrain-run-time').textContent = started ? `started ${started}` : '';
+    q('.nbtrain-run-folder').textContent = `in ${run.folder ?? run.run_dir}`;
+    q('.nbtrain-run-folder').title = run.run_dir;
+    const frac = run.state === 'completed' ? 1 : progressFraction(run.step, run.max_steps);
     q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
-    q('.nbtrain-steps').textContent = stepsText(run.step, run.max_steps);
+    row.dataset.state = run.state;
+    row.dataset.done = String(run.done);
+    q('.nbtrain-steps').textContent = run.phase ?? stepsText(run.step, run.max_steps);
+    // Before the first step the phase line takes the whole width (no sparkline or loss yet).
+    q('.nbtrain-run-detail').classList.toggle('nbtrain-has-phase', !!run.phase);
     const spark = row.querySelector('.nbtrain-spark path');
     spark?.setAttribute('d', sparklinePath(run.losses ?? [], SPARK_W, SPARK_H));
-    q('.nbtrain-loss').textContent =
-      run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;
+    q('.nbtrain-loss').textContent = run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;
     const err = q('.nbtrain-error');
-    err.textContent = run.error
-      ? `${run.error.type ?? 'error'}: ${run.error.message ?? ''}`
-      : '';
+    err.textContent = run.error ? `${run.error.type ?? 'error'}: ${run.error.message ?? ''}` : '';
+    err.title = err.textContent;
     err.style.display = run.error ? '' : 'none';
-    const busy = this._busy.has(run.id);
-    (q('.nbtrain-stop') as HTMLButtonElement).disabled = run.done || busy;
-    (q('.nbtrain-checkpoint') as HTMLButtonElement).disabled =
-      run.state !== 'running' || busy;
+
+    // Each button's words follow the run's state and this sidebar's request, never a label kept from
+    // before: a run that has stopped shows no "Stopping…", and a finished run no Stop at all.
+    const busy = this._busy.get(run.id);
+    const show = (button: HTMLButtonElement, on: boolean) => {
+      button.style.display = on ? '' : 'none';
+    };
+    const stop = b('.nbtrain-stop');
+    show(stop, !run.done);
+    stop.disabled = !!busy;
+    stop.textContent = busy === 'stop' ? 'Stopping…' : 'Stop';
+    const checkpoint = b('.nbtrain-checkpoint');
+    show(checkpoint, run.state === 'running');
+    checkpoint.disabled = !!busy;
+    checkpoint.textContent = busy === 'checkpoint' ? 'Requesting…' : 'Checkpoint';
+    // Resume only where it can continue (stopped or failed, with a complete checkpoint); elsewhere a
+    // stopped or failed card says why not in a line of its own, and no disabled button sits there.
+    const resume = b('.nbtrain-resume');
+    show(resume, run.resumable);
+    resume.disabled = !!busy;
+    resume.textContent = busy === 'resume' ? 'Resuming…' : 'Resume';
+    resume.title = 'Continue training from its last complete checkpoint';
+    const note = q('.nbtrain-run-note');
+    const why = (run.state === 'stopped' || run.state === 'failed') && !run.resumable;
+    note.textContent = why ? `Cannot resume: ${run.resume_note ?? 'no checkpoint'}` : '';
+    note.title = note.textContent;
+    note.style.display = why ? '' : 'none';
+    const del = b('.nbtrain-delete');
+    show(del, run.done);
+    del.disabled = !!busy;
   }
 
-  private async _act(
-    runId: string,
-    action: string,
-    button: HTMLButtonElement
-  ): Promise<void> {
+  private async _act(runId: string, action: string): Promise<void> {
+    const run = this._model.runs.find(r => r.id === runId);
     if (action === 'open') {
-      if (!(await this._openDashboard(runId))) {
-        void showErrorMessage(
-          'No notebook',
-          `Open a notebook to attach a dashboard to run ${runId}.`
-        );
+      const why = await this._openDashboard(runId);
+      if (why !== null) {
+        void showErrorMessage('Cannot show the dashboard', why);
       }
       return;
     }
-    const label = button.textContent;
-    this._busy.add(runId);
-    button.textContent = action === 'stop' ? 'Stopping…' : 'Requesting…';
+    if (action === 'delete' && !(await this._confirmDelete(runId, run))) {
+      return;
+    }
+    this._busy.set(runId, action as RunAction);
     this._render();
     try {
       // Stop waits on the server until the run has saved its checkpoint and exited.
-      await runAction(runId, action as 'stop' | 'checkpoint');
+      await runAction(runId, action as RunAction);
     } catch (e) {
       void showErrorMessage(
-        `Could not ${action} run ${runId}`,
+        `Could not ${VERB[action as RunAction] ?? action} run ${run?.name ?? runId}`,
         e instanceof Error ? e.message : String(e)
       );
     } finally {
       this._busy.delete(runId);
-      button.textContent = label;
       await this._model.refresh();
     }
   }
 
+  private async _confirmDelete(runId: string, run: IRunInfo | undefined): Promise<boolean> {
+    const body = document.createElement('div');
+    body.className = 'nbtrain-delete-body';
+    const folder = run?.folder ?? 'its runs folder';
+    body.append(
+      `Run ${runId} leaves the list and its folder moves to ${folder}/.trash/ ` +
+        '(checkpoints and output included). Nothing is erased: delete that folder to free the space.'
+    );
+    const result = await showDialog({
+      title: `Delete run “${run?.name ?? runId}”?`,
+      body: new Widget({ node: body }),
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
+    });
+    return result.button.accept;
+  }
+
   private _model: RunsModel;
-  private _openDashboard: (runId: string) => Promise<boolean>;
+  private _openDashboard: (runId: string) => Promise<string | null>;
+  private _filter: HTMLInputElement;
   private _status: HTMLDivElement;
-  private _list: HTMLUListElement;
+  private _active: IGroup;
+  private _finished: IGroup;
   private _gpus: HTMLDivElement;
+  private _folded: boolean | null = null;
   private _rows = new Map<string, HTMLLIElement>();
-  private _busy = new Set<string>();
+  private _busy = new Map<string, RunAction>();
 }

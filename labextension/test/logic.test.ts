@@ -3,13 +3,17 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import {
+  attachSource,
   completeFinetune,
+  gpuTooltip,
   keysFor,
   KeyMap,
+  matchesFilter,
   objectiveOf,
   parentPath,
   progressFraction,
   sparklinePath,
+  startedText,
   stepsText
 } from '../src/logic';
 
@@ -101,4 +105,39 @@ test('progress is clamped and unknown lengths read as 0', () => {
   assert.equal(progressFraction(5, null), 0);
   assert.equal(stepsText(5, 10), 'step 5/10');
   assert.equal(stepsText(5, null), 'step 5');
+});
+
+test('a start time reads short, in local time, with the year only when it is not this one', () => {
+  const now = new Date(2025, 5, 15, 18, 0);
+  const at = (d: Date) => d.getTime() / 1000;
+  assert.equal(startedText(at(new Date(2025, 5, 15, 9, 5)), now), 'today 09:05');
+  assert.equal(startedText(at(new Date(2025, 0, 3, 14, 30)), now), '3 Jan 14:30');
+  assert.equal(startedText(at(new Date(2024, 11, 31, 23, 59)), now), '31 Dec 2024 23:59');
+  assert.equal(startedText(null, now), '');
+});
+
+test('the filter matches every word in the name, id, state or folder', () => {
+  const run = { id: '20250101-000000-gemma-ab12', name: 'gemma-lora', state: 'stopped', folder: 'runs' };
+  assert.ok(matchesFilter(run, ''));
+  assert.ok(matchesFilter(run, 'GEMMA'));
+  assert.ok(matchesFilter(run, 'lora stopped'));
+  assert.ok(matchesFilter(run, 'ab12'));
+  assert.ok(!matchesFilter(run, 'lora running'));
+});
+
+test('the GPU tooltip says there is no NVIDIA GPU instead of NVML error text', () => {
+  assert.equal(
+    gpuTooltip([], 'no NVIDIA driver (NVML Shared Library Not Found)'),
+    'No NVIDIA GPU on this machine'
+  );
+  assert.equal(gpuTooltip([], null), 'No NVIDIA GPU on this machine');
+  assert.match(gpuTooltip([], 'Insufficient Permissions'), /^GPU memory cannot be read: /);
+  const gpu = { index: 0, name: 'H100', memory_used: 2 * 1024 ** 3, memory_total: 80 * 1024 ** 3 };
+  assert.equal(gpuTooltip([gpu], null), 'GPU 0 H100: 2.0 GiB / 80 GiB in use');
+});
+
+test('the attach cell loads the extension first unless the kernel has the magics', () => {
+  assert.equal(attachSource('r-1', true), '%finetune attach r-1');
+  assert.equal(attachSource('r-1', false), '%load_ext nbtrain\n%finetune attach r-1');
+  assert.equal(attachSource('r-1', null), '%load_ext nbtrain\n%finetune attach r-1');
 });
