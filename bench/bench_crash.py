@@ -1,5 +1,5 @@
 """Crash-safety trials: kill -9 at random moments (often inside a checkpoint write) and graceful stops
-at random steps, each followed by resume. Runs the same trials as tests/test_resume.py, 20 of each.
+at random steps, each followed by resume. Runs the same trials as tests/control/test_resume.py, 20 of each.
 
     python bench/bench_crash.py [--trials 20]       # writes bench/results/crash.json
 """
@@ -25,7 +25,7 @@ def main() -> int:
     env = {**os.environ, "NBTRAIN_KILL_TRIALS": str(args.trials), "NBTRAIN_STOP_TRIALS": str(args.trials)}
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_resume.py", "-q", "-s", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "tests/control/test_resume.py", "-q", "-s", "-p", "no:cacheprovider",
          "-k", "kill_at_random or graceful_stop_at_random"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip

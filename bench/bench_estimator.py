@@ -1,9 +1,11 @@
-"""Estimator accuracy on CPU: the model-state bytes each rank really holds vs ``nbtrain.memory``'s estimate.
+"""Estimator accuracy on CPU: the model-state bytes each rank really holds vs the estimate of
+``nbtrain.control.memory``.
 
 Two-rank runs of the tiny model (LoRA and full fine-tune, fp32) under DDP (ZeRO-0) and ZeRO-1/2/3. Each
 rank measures the tensors holding its parameters, gradients, fp32 master copy and optimizer state at the
-optimizer step (``state_report`` in nbtrain/worker/callbacks.py); the estimate is the estimator's answer
-for the inputs the run really had (its resolved.json). The measuring and the comparison are the ones
+optimizer step (``ModelStateMeter`` in nbtrain/worker/measure.py: the runs are probe runs, the only ones
+that install it); the estimate is the estimator's answer for the inputs the run really had (its
+resolved.json). The measuring and the comparison are the ones
 tests/worker/test_memory_measured.py asserts on (imported from it, not repeated here); this script
 reports the per-strategy ratios instead of a pass/fail. Peak memory against the estimate needs a GPU:
 bench/gpu.py. Results go to bench/results/estimator.json.
@@ -34,8 +36,11 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=2, help="runs started at once (each has 2 ranks)")
     args = ap.parse_args()
 
+    from dataclasses import replace
+
     import nbtrain
-    from nbtrain.testing import make_tiny_model, write_dataset
+    from nbtrain.control.start import prepare, start
+    from nbtrain.examples import make_tiny_model, write_dataset
     from tests.conftest import lora_yaml
     from tests.worker.test_memory_measured import RUNS, STEPS, estimate_of, expected_parts, train_end
 
@@ -61,7 +66,7 @@ def main() -> int:
             for name in group:
                 method, strategy = RUNS[name]
                 body = lora_yaml(STEPS, method=method) + f"distributed:\n  strategy: {strategy}\n"
-                runs.append(nbtrain.finetune(body, name=name))
+                runs.append(start(replace(prepare(body, name=name), probe=True)))  # measured: a probe run
             for run in runs:
                 st = run.wait(timeout=1200, check=False)
                 if st.state != "completed":
@@ -99,7 +104,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
         "contention": "shared machine (other helpers ran tests); bytes do not depend on load",
-        "model": "tiny Llama (nbtrain.testing), fp32, 2 ranks over gloo",
+        "model": "tiny Llama (nbtrain.examples), fp32, 2 ranks over gloo",
         "steps": STEPS,
         "wall_s": round(wall, 1),
         "worst_abs_error": round(worst, 4),

@@ -74,7 +74,7 @@ def main() -> int:
     from jupyter_client.manager import start_new_kernel
 
     import nbtrain
-    from nbtrain.testing import make_tiny_model, write_dataset
+    from nbtrain.examples import make_tiny_model, write_dataset
 
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="nbtrain-bench-latency-") as d:
@@ -108,7 +108,7 @@ def main() -> int:
                 run_cell(kc, "%load_ext nbtrain")
             run_cell(kernels["dashboard"][1], "%finetune attach latency")
             dash = kernels["dashboard"][1]
-            views = "[v.updates for v in __import__('nbtrain.magics').magics._VIEWS]"
+            views = "[v.updates for v in __import__('nbtrain.ui.magics').magics._VIEWS]"
 
             for _, kc in kernels.values():  # warm-up: first cells pay for lazy imports
                 for _ in range(10):

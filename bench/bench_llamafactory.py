@@ -1,6 +1,6 @@
 """Time to first step and peak RSS: nbtrain vs ``llamafactory-cli train`` vs a bare TRL script.
 
-Same model (the tiny Llama and a ~40M one built by nbtrain.testing, as bench_overhead does), same data
+Same model (the tiny Llama and a ~40M one built by nbtrain.examples, as bench_overhead does), same data
 (the addition set; LLaMA-Factory reads it through a dataset_info.json entry in its OpenAI-messages
 layout), same LoRA (r 8, alpha 16, dropout 0.05 on q_proj/v_proj: what nbtrain's ``target_modules: auto``
 resolves to), batch 8, lr 1e-3, max length 1024, loss on every token, gradient checkpointing (each tool's
@@ -72,10 +72,11 @@ PHASES = textwrap.dedent(
     from trl import SFTConfig, SFTTrainer
     from transformers import Trainer  # noqa
     spans.append(("imports", s, time.time()))
-    from nbtrain.worker import __main__ as worker, sft
-    timed(sft.SFTRecipe, "_load_tokenizer", "tokenizer")
-    timed(sft.SFTRecipe, "_load_data", "data")
-    timed(sft.SFTRecipe, "_load_model", "model")
+    from nbtrain.worker import __main__ as worker
+    from nbtrain.worker.recipes import common, sft
+    timed(common, "load_tokenizer", "tokenizer")  # the recipe's steps, as the names its setup() calls
+    timed(common, "load_run_data", "data")
+    timed(sft, "load_model", "model")
     timed(SFTTrainer, "__init__", "trainer_init")
     timed(SFTTrainer, "_prepare_dataset", "tokenize")
     timed(sft.SFTRecipe, "train", "train")
@@ -136,8 +137,8 @@ def run_llamafactory(lf: Path) -> dict[str, float]:
 def phases(config: str, work: Path) -> dict[str, float]:
     """Where nbtrain's time to first step goes: kernel side, then the worker's phases."""
     import nbtrain
-    from nbtrain.rundir import read_jsonl
-    from nbtrain.runs import create_run_dir
+    from nbtrain.contract.rundir import read_jsonl
+    from nbtrain.control.runs.run import create_run_dir
 
     t = time.time()
     prep = nbtrain.prepare(config)
@@ -224,7 +225,7 @@ def main() -> int:
 
     import nbtrain
     from bench.bench_overhead import run_bare, run_nbtrain
-    from nbtrain.testing import make_tiny_model, write_dataset
+    from nbtrain.examples import make_tiny_model, write_dataset
 
     res["versions"]["nbtrain_venv"] = {p: md.version(p) for p in ("torch", "transformers", "trl", "peft",
                                                                   "accelerate", "datasets")}  # fmt: skip

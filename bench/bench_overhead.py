@@ -83,7 +83,7 @@ def watch(proc: psutil.Process, done: Any, first_line: Path | None = None) -> tu
 
 def run_nbtrain(config: str, workdir: Path, name: str) -> dict[str, float]:
     import nbtrain
-    from nbtrain import launch
+    from nbtrain.control import process as launch
 
     t0 = time.time()
     run = nbtrain.finetune(config, name=name)
@@ -155,7 +155,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
-    from nbtrain.testing import make_tiny_model, write_dataset
+    from nbtrain.examples import make_tiny_model, write_dataset
 
     results: dict[str, object] = {"kernel": kernel_cost()}
     with tempfile.TemporaryDirectory() as tmp:

@@ -40,7 +40,7 @@ def cpu_seconds_at_steps(run: Any, steps: tuple[int, int]) -> dict[int, float]:
     """The worker's CPU time (user + system) when each of ``steps`` was logged, polled until it exits."""
     import psutil
 
-    from nbtrain import launch
+    from nbtrain.control import process as launch
 
     info = None
     while info is None:
@@ -81,8 +81,8 @@ def effective_rate(run: Any, cpu: dict[int, float]) -> dict[str, float]:
 
 def padding_share(resolved: dict[str, Any], batch: int) -> float:
     """The share of padding in unpacked batches of ``batch`` rows, from the real tokenised lengths."""
+    from nbtrain.worker.jobs.preview import tokenised
     from nbtrain.worker.model import load_tokenizer
-    from nbtrain.worker.preview import tokenised
 
     with tempfile.TemporaryDirectory() as tmp:
         ds, _ = tokenised(resolved, load_tokenizer(resolved["config"]), 2000, tmp)
@@ -101,7 +101,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
     import nbtrain
-    from nbtrain.testing import make_tiny_model, variable_length_rows
+    from nbtrain.examples import make_tiny_model, variable_length_rows
 
     arms = {
         "padded": "per_device_train_batch_size: 8, max_length: 512",
@@ -147,7 +147,7 @@ def main() -> int:
     paired_cpu = [p["tokens_per_cpu_s"] / u["tokens_per_cpu_s"] for p, u in pairs]
     ratio, cpu_ratio = statistics.median(paired), statistics.median(paired_cpu)
     results = {
-        "model": "Llama, hidden 512, 2 layers, vocab ~1000 (nbtrain.testing.make_tiny_model), full FT, CPU",
+        "model": "Llama, hidden 512, 2 layers, vocab ~1000 (nbtrain.examples.make_tiny_model), full FT, CPU",
         "data": "2000 chat rows of 1-16 sums (variable_length_rows): 18-215 tokens, skewed short",
         "arms": arms,
         "steps": args.steps,

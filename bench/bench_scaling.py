@@ -1,6 +1,6 @@
 """Multi-process scaling on CPU: one rank vs two ranks under DDP and under DeepSpeed ZeRO-2, tokens/s.
 
-The ~40M Llama (nbtrain.testing, hidden 512, 12 layers) with LoRA, 8 rows per rank per step, started
+The ~40M Llama (nbtrain.examples, hidden 512, 12 layers) with LoRA, 8 rows per rank per step, started
 through nbtrain as a user would (``distributed: {strategy: ..., num_processes: ...}``). Throughput is
 the training tokens (all ranks, as the Trainer counts them) between the 5th and the last logged step,
 over the wall time between them, so start-up and warm-up are left out. The configurations alternate
@@ -50,7 +50,7 @@ THREADS_NOTE = (
 
 
 def throughput(run: Any) -> dict[str, float]:
-    from nbtrain.rundir import read_jsonl
+    from nbtrain.contract.rundir import read_jsonl
 
     rows = [r for r in read_jsonl(run.paths.metrics) if "loss" in r and "tokens" in r]
     a = next(r for r in rows if r["step"] >= WARMUP_STEPS)
@@ -66,7 +66,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import nbtrain
-    from nbtrain.testing import make_tiny_model, write_dataset
+    from nbtrain.examples import make_tiny_model, write_dataset
 
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/nbtrain/torch_extensions"))
     started = time.time()
@@ -114,7 +114,7 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
         "contention": "shared machine: other helpers ran tests at the same time; configurations alternate",
         "loadavg_end": os.getloadavg(),
-        "model": "Llama hidden 512, 12 layers (nbtrain.testing), LoRA r 8, fp32, 8 rows per rank per step",
+        "model": "Llama hidden 512, 12 layers (nbtrain.examples), LoRA r 8, fp32, 8 rows per rank per step",
         "threads": THREADS_NOTE,
         "median": med,
         "speedup_vs_1_rank": {k: v["tokens_per_s"] / base for k, v in med.items()},

@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nbtrain.rundir import RunPaths, atomic_write_json, write_status
-from nbtrain.runs import Run
+from nbtrain.contract.rundir import RunPaths, atomic_write_json, write_status
+from nbtrain.control.runs.metrics import DEFAULT_CAP, MetricsTail
+from nbtrain.control.runs.run import Run
 from nbtrain.ui.dashboard import Dashboard
 from nbtrain.ui.figures import build_figure
-from nbtrain.ui.tail import DEFAULT_CAP, MetricsTail
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 APPEND = 100

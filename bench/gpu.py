@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "gpu.json"
 WARMUP_STEPS = 3
-SEQ = 1024  # --dry-run: 128, so the CPU rehearsal takes seconds per step
+SEQ = 1024  # --dry-run: 32, so the CPU rehearsal takes seconds per run (the logits of a 32000 vocab dominate)
 
 SHAPES: dict[str, dict[str, int]] = {
     "1b": {
@@ -143,7 +143,7 @@ def build_model(shape: str, path: Path) -> Path:
         import torch
         from pathlib import Path
         from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-        from nbtrain.testing import make_tiny_model
+        from nbtrain.examples import make_tiny_model
         path = Path({str(path)!r})
         tok = AutoTokenizer.from_pretrained(make_tiny_model(path.parent / (path.name + "-tok")))
         tok.save_pretrained(path)
@@ -182,7 +182,7 @@ def throughput(times: list[tuple[int, float]], tokens_per_step: int) -> float:
 
 def run_nbtrain(model: Path, data: Path, method: str, steps: int, seq: int, name: str) -> dict[str, Any]:
     import nbtrain
-    from nbtrain.rundir import read_json, read_jsonl
+    from nbtrain.contract.rundir import read_json, read_jsonl
 
     config = textwrap.dedent(
         f"""
@@ -266,7 +266,7 @@ def main() -> int:
     )  # fmt: skip
     # on a CPU the hand-written script must say so (TRL's defaults assume an accelerator for bf16)
     extra: dict[str, Any] = {"use_cpu": True, "bf16": False} if not hw.gpus else {}
-    seq = 128 if args.dry_run else SEQ
+    seq = 32 if args.dry_run else SEQ
     if seq != SEQ:
         extra["max_length"] = seq
 
