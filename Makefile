@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # DeepSpeed compiles C++ ops on first use (60-120 s each); one cache per machine that tests and CI reuse.
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/nbtrain/torch_extensions
 
-.PHONY: install demo test lint typecheck pytest bench clean
+.PHONY: install demo test lint typecheck pytest bench faults clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,31 +20,39 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(PY) -m nbtrain.demo
+	$(PY) -m nbtrain.ui.demo
 
 lint: install
-	$(PY) -m ruff check nbtrain tests bench
-	$(PY) -m ruff format --check nbtrain tests bench
+	$(PY) -m ruff check nbtrain tests bench labextension/build_hook.py
+	$(PY) -m ruff format --check nbtrain tests bench labextension/build_hook.py
+	# The layer contracts in pyproject.toml (docs/architecture.md): imports point down.
+	$(VENV)/bin/lint-imports
 
 typecheck: install
 	$(PY) -m mypy
 
 # NBTRAIN_REQUIRE_BROWSER: here the browser tests fail, rather than skip, when chromium or the build is missing.
-pytest: install labext
+pytest: install labext chromium
 	NBTRAIN_REQUIRE_BROWSER=1 $(PY) -m pytest -q -ra --durations=25
 
-test: lint typecheck pytest
+# chromium first: on a machine where it cannot be installed, stop before minutes of setup, not after.
+test: chromium lint typecheck pytest
 
 bench: install
 	$(PY) -m bench
+
+# Every fault and hostile input of tests/faults/replay.py, with 20 kills around checkpoint rotation.
+faults: install
+	$(PY) -m tests.faults.replay
 
 clean:
 	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache test-output labextension/node_modules \
 		labextension/lib labextension/build-test nbtrain/labextension
 
 # The JupyterLab extension (TypeScript -> nbtrain/labextension, shipped in the wheel as shared-data):
-# ESLint + tsc type-check, node unit tests of its logic, then the build. `make test` runs it (the browser
-# tests need the build).
+# ESLint + tsc type-check, node unit tests of its logic, then the build, through the top-level package.json
+# (whose build:prod is what `pip install .` runs on a tree without a build). `make test` runs it (the
+# browser tests need the build).
 .PHONY: labext browser-test
 LABEXT_NODE := labextension/node_modules/.installed
 $(LABEXT_NODE): labextension/package-lock.json
@@ -53,12 +61,28 @@ $(LABEXT_NODE): labextension/package-lock.json
 
 LABEXT_DEV := $(VENV)/share/jupyter/labextensions/nbtrain
 labext: install $(LABEXT_NODE)
-	cd labextension && npm run -s lint && npm test --silent && npx tsc --sourceMap false \
-		&& PATH="$(abspath $(VENV))/bin:$$PATH" jupyter-builder build .
-	cp labextension/install.json nbtrain/labextension/
+	npm run -s lint && npm test --silent && PATH="$(abspath $(VENV))/bin:$$PATH" npm run -s build
 	# Like `jupyter labextension develop`: the venv's JupyterLab loads this build, not a copy made at install.
 	rm -rf $(LABEXT_DEV) && ln -s $(abspath nbtrain/labextension) $(LABEXT_DEV)
 
-# Only the JupyterLab tests in headless Debian chromium (apt-get install chromium).
-browser-test: labext
+# The browser tests drive Debian's chromium (never a browser that a tool downloads). A fresh machine of this
+# kind has none: install it when we may (root with apt-get), else stop at once with the one command to run.
+.PHONY: chromium
+CHROMIUM ?= chromium
+chromium:
+	@if command -v $(CHROMIUM) >/dev/null 2>&1; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "make test needs chromium (/usr/bin/chromium) for the browser tests, and there is no apt-get here" \
+			"to install Debian's package: install chromium with this system's package manager" >&2; \
+		exit 1; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "chromium is missing: installing Debian's package (apt-get install chromium)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	else \
+		echo "make test needs Debian's chromium for the browser tests; run: sudo apt-get install -y chromium" >&2; \
+		exit 1; \
+	fi
+
+# Only the JupyterLab tests in headless Debian chromium.
+browser-test: labext chromium
 	NBTRAIN_REQUIRE_BROWSER=1 $(PY) -m pytest -q -ra -m browser tests/browser

@@ -3,38 +3,74 @@
     %load_ext nbtrain          # then a %%finetune cell with a YAML body
     import nbtrain; run = nbtrain.finetune("config.yaml"); run.wait()
 
-Importing nbtrain (and loading the extension) imports no torch, transformers or bitsandbytes: training
-happens in separate processes that read and write a run directory.
+The package is laid out in layers (docs/architecture.md): ``ui`` (magics, CLI, views, server extension)
+over ``control`` (config, plan, runs, processes) over ``contract`` (the run directory) and ``hardware``;
+``worker`` runs inside training processes and imports only contract and hardware.
+
+This module is only the facade, and it is lazy (PEP 562): ``import nbtrain`` loads nothing else, a name
+is imported on first use, so a training rank or the Jupyter server that imports ``nbtrain.worker`` or
+``nbtrain.ui.server`` does not pay for pydantic, YAML or the registry, and no import here ever loads
+torch, transformers or bitsandbytes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from nbtrain.contract import __version__
 
-from nbtrain.api import (
-    Prepared,
-    estimate,
-    example_data,
-    finetune,
-    last_run,
-    make_tiny_model,
-    prepare,
-    probe,
-    resume,
-    runs,
-    start,
-)
-from nbtrain.datapreview import DataPreview, preview
-from nbtrain.errors import ConfigError, NbtrainError, RunFailed, RunNotFound
-from nbtrain.evaluate import EvalReport, evaluate, latest_eval
-from nbtrain.export import ExportResult, export
-from nbtrain.grading import CheckReport, check, record, records
-from nbtrain.notebook_launch import launch_function
-from nbtrain.runlog import log, should_stop
-from nbtrain.runs import Run, RunStatus, get_run
-from nbtrain.scoring import preference_scores
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    # run-returning functions hand back the notebook handle (nbtrain.ui.run.Run)
+    "Run": "nbtrain.ui.run",
+    "finetune": "nbtrain.ui.run",
+    "start": "nbtrain.ui.run",
+    "resume": "nbtrain.ui.run",
+    "get_run": "nbtrain.ui.run",
+    "runs": "nbtrain.ui.run",
+    "last_run": "nbtrain.ui.run",
+    "launch_function": "nbtrain.ui.run",
+    "RunStatus": "nbtrain.control.runs.run",
+    "Prepared": "nbtrain.control.start",
+    "prepare": "nbtrain.control.start",
+    "estimate": "nbtrain.ui.estimate_chart",
+    "probe": "nbtrain.control.start",
+    "example_data": "nbtrain.control.start",
+    "make_tiny_model": "nbtrain.control.start",
+    "DataPreview": "nbtrain.ui.preview",
+    "preview": "nbtrain.ui.preview",
+    "EvalReport": "nbtrain.control.evaluate",
+    "evaluate": "nbtrain.control.evaluate",
+    "latest_eval": "nbtrain.control.evaluate",
+    "ExportResult": "nbtrain.control.export",
+    "export": "nbtrain.control.export",
+    "CheckReport": "nbtrain.control.grading",
+    "check": "nbtrain.control.grading",
+    "record": "nbtrain.control.grading",
+    "records": "nbtrain.control.grading",
+    "preference_scores": "nbtrain.control.scoring",
+    "ConfigError": "nbtrain.contract.errors",
+    "NbtrainError": "nbtrain.contract.errors",
+    "RunFailed": "nbtrain.contract.errors",
+    "RunNotFound": "nbtrain.contract.errors",
+    # inside a training function started with launch_function (runs in the ranks)
+    "log": "nbtrain.worker.runlog",
+    "should_stop": "nbtrain.worker.runlog",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
 
 
 def panel(config: Any = None) -> Any:
@@ -46,10 +82,23 @@ def panel(config: Any = None) -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from nbtrain.magics import load_ipython_extension as load
+    from nbtrain.ui.magics import load_ipython_extension as load
 
     load(ipython)
 
+
+if TYPE_CHECKING:  # what static checkers and editors see; at run time __getattr__ imports on first use
+    from nbtrain.contract.errors import ConfigError, NbtrainError, RunFailed, RunNotFound
+    from nbtrain.control.evaluate import EvalReport, evaluate, latest_eval
+    from nbtrain.control.export import ExportResult, export
+    from nbtrain.control.grading import CheckReport, check, record, records
+    from nbtrain.control.runs.run import RunStatus
+    from nbtrain.control.scoring import preference_scores
+    from nbtrain.control.start import Prepared, example_data, make_tiny_model, prepare, probe
+    from nbtrain.ui.estimate_chart import estimate
+    from nbtrain.ui.preview import DataPreview, preview
+    from nbtrain.ui.run import Run, finetune, get_run, last_run, launch_function, resume, runs, start
+    from nbtrain.worker.runlog import log, should_stop
 
 __all__ = [
     "CheckReport",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtrain.testing import write_dataset
+from nbtrain.examples import write_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nbtrain.testing import make_tiny_model
+    from nbtrain.examples import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
 

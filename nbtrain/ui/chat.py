@@ -1,4 +1,4 @@
-"""A small chat with a run's fine-tuned model, optionally beside its base model.
+"""A chat with a run's fine-tuned model, optionally beside its base model.
 
     run.chat(compare_base=True)          # or: %finetune chat RUN --compare-base
 
@@ -6,26 +6,228 @@ The widget talks HTTP to the run's server (``nbtrain.serve``): it reuses a serve
 one, and Close stops the server it started (releasing its GPU memory). The model never loads in the
 kernel. Starting the server and every request run in a background thread, so the cell returns at once
 and the kernel stays free; errors from that thread show in the widget (and stay in ``error``).
+
+Replies stream: the server answers with server-sent events and the transcript grows as the tokens come
+(at most ``refresh_seconds`` apart). The transcript and the input box are one small anywidget
+(``ChatView``), because ipywidgets' Textarea has no key events: in its text box Enter sends and
+Shift+Enter starts a new line, and neither reaches JupyterLab's or Notebook 7's own shortcuts (the box
+stops the key events there and carries Lumino's ``data-lm-suppress-shortcuts``), so Shift+Enter never runs
+the cell. The conversation is kept in the kernel per run: Close keeps it, and Reopen (or ``run.chat()``
+again) shows it. When the server is gone (stopped, exited, connection refused) the widget says so and
+offers Restart, which starts the server again, keeps the conversation and asks an unanswered message again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anywidget
 import ipywidgets as widgets
+import traitlets
 
-from nbtrain.runs import Run, get_run
-from nbtrain.serve.control import ServerHandle, find_server, serve
+from nbtrain.control.serve import ServeError, ServerGone, ServerHandle, find_server, serve
+from nbtrain.ui.run import Run, get_run
 
-_STYLE = "white-space:pre-wrap;padding:4px 8px;margin:2px 0;border-radius:4px"
+KINDS = ("tuned", "base")
+# The conversations of this kernel, per (run directory, compare_base): Close keeps them for the next widget.
+_KEPT: dict[tuple[Path, bool], list[Turn]] = {}
+
+_ESM = """
+function render({ model, el }) {
+  const root = document.createElement("div");
+  root.className = "nbtrain-chat";
+  const log = document.createElement("div");
+  log.className = "nbtrain-chat-log";
+  const input = document.createElement("div");
+  input.className = "nbtrain-chat-input";
+  const ta = document.createElement("textarea");
+  ta.rows = 1;
+  ta.setAttribute("data-lm-suppress-shortcuts", "true");  // JupyterLab / Notebook 7 keys stay out
+  const send = document.createElement("button");
+  send.className = "nbtrain-chat-send";
+  send.textContent = "Send";
+  send.title = "Send (Enter)";
+  const row = document.createElement("div");
+  row.className = "nbtrain-chat-row";
+  row.append(ta, send);
+  const hint = document.createElement("div");
+  hint.className = "nbtrain-chat-hint";
+  hint.textContent = "Enter sends \\u00b7 Shift+Enter adds a line";
+  input.append(row, hint);
+  root.append(log, input);
+  el.append(root);
+
+  const grow = () => {
+    ta.style.height = "auto";
+    ta.style.height = Math.min(ta.scrollHeight + 2, 180) + "px";
+  };
+  const sync = () => {
+    if (ta.value !== model.get("value")) { ta.value = model.get("value"); grow(); }
+    ta.placeholder = model.get("placeholder");
+    root.classList.toggle("nbtrain-chat-busy", model.get("busy"));
+    send.disabled = !model.get("can_send");
+  };
+  // The text goes with the message (the box's value may still be on its way to the kernel); the kernel
+  // answers "sent" when it took the message, and only then is the box emptied.
+  const submit = () => {
+    if (ta.value.trim()) model.send({ type: "submit", text: ta.value });
+    ta.focus();
+  };
+  model.on("msg:custom", (msg) => {
+    if (msg && msg.type === "sent" && ta.value === msg.text) { ta.value = ""; typed(); }
+  });
+  send.addEventListener("click", submit);
+  const typed = () => { model.set("value", ta.value); model.save_changes(); grow(); };
+  ta.addEventListener("input", typed);
+  ta.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" || e.isComposing) return;
+    e.stopPropagation();  // not the notebook's: Shift+Enter must not run the cell
+    e.preventDefault();
+    if (e.shiftKey) {  // a new line, put in here: JupyterLab cancels the browser's own (insertLineBreak)
+      ta.setRangeText("\\n", ta.selectionStart, ta.selectionEnd, "end");
+      typed();
+    } else {
+      submit();
+    }
+  });
+
+  const div = (cls, text) => {
+    const d = document.createElement("div");
+    d.className = cls;
+    if (text !== undefined) d.textContent = text;
+    return d;
+  };
+  const draw = () => {
+    const stick = log.scrollHeight - log.scrollTop - log.clientHeight < 48;
+    const turns = model.get("turns").slice();
+    const live = model.get("live");
+    if (live) turns.push(live);
+    const kinds = model.get("kinds");
+    const parts = [];
+    if (!turns.length) parts.push(div("nbtrain-chat-empty", model.get("empty_text")));
+    for (const t of turns) {
+      const you = div("nbtrain-chat-msg nbtrain-chat-user");
+      you.append(div("nbtrain-chat-who", "you"), div("nbtrain-chat-text", t.user));
+      parts.push(you);
+      const row = div("nbtrain-chat-replies");
+      row.style.gridTemplateColumns = `repeat(${kinds.length}, minmax(0, 1fr))`;
+      for (const [kind, label, title] of kinds) {
+        const text = (t.replies || {})[kind];
+        const waiting = (t.pending || []).includes(kind);
+        if (text === undefined && !waiting) continue;
+        const msg = div(`nbtrain-chat-msg nbtrain-chat-${kind}`);
+        const who = div("nbtrain-chat-who", label);
+        who.title = title;
+        msg.append(who, div("nbtrain-chat-text", (text || "").replace(/^\\s+/, "")));
+        if (waiting) msg.append(div("nbtrain-chat-typing", "\\u25cf\\u25cf\\u25cf"));
+        row.append(msg);
+      }
+      if (row.children.length) parts.push(row);
+      if (t.note) parts.push(div("nbtrain-chat-note", t.note));
+    }
+    log.replaceChildren(...parts);
+    if (stick) log.scrollTop = log.scrollHeight;
+  };
+  model.on("change:turns", draw);
+  model.on("change:live", draw);
+  model.on("change:kinds", draw);
+  model.on("change:value", sync);
+  model.on("change:placeholder", sync);
+  model.on("change:busy", sync);
+  model.on("change:can_send", sync);
+  sync();
+  draw();
+  requestAnimationFrame(() => { log.scrollTop = log.scrollHeight; });
+}
+export default { render };
+"""
+
+_CSS = """
+.nbtrain-chat { font-family: var(--jp-ui-font-family, sans-serif); font-size: var(--jp-ui-font-size1, 13px);
+  color: var(--jp-ui-font-color1, #1f2328); max-width: 880px; }
+.nbtrain-chat-log { max-height: 420px; min-height: 72px; overflow-y: auto; padding: 8px;
+  border: 1px solid var(--jp-border-color2, #e0e0e0); border-radius: 8px 8px 0 0;
+  background: var(--jp-layout-color1, #fff); display: flex; flex-direction: column; gap: 6px; }
+.nbtrain-chat-empty { color: var(--jp-ui-font-color2, #6e7781); padding: 18px 4px; text-align: center; }
+.nbtrain-chat-msg { padding: 6px 10px; border-radius: 10px; line-height: 1.45; min-width: 0; }
+.nbtrain-chat-who { font-size: 11px; font-weight: 600; color: var(--jp-ui-font-color2, #57606a);
+  margin-bottom: 2px; }
+.nbtrain-chat-text { white-space: pre-wrap; overflow-wrap: anywhere; }
+.nbtrain-chat-user { align-self: flex-end; max-width: 75%; background: var(--jp-brand-color3, #dbeafe); }
+.nbtrain-chat-replies { display: grid; gap: 6px; }
+.nbtrain-chat-tuned { background: var(--jp-success-color3, #e6f4ea); }
+.nbtrain-chat-base { background: var(--jp-layout-color2, #f1f3f5); }
+.nbtrain-chat-typing { letter-spacing: 2px; font-size: 9px; line-height: 12px;
+  color: var(--jp-ui-font-color2, #6e7781); animation: nbtrain-chat-pulse 1s ease-in-out infinite; }
+@keyframes nbtrain-chat-pulse { 50% { opacity: 0.3; } }
+.nbtrain-chat-note { font-size: 12px; color: var(--jp-error-color1, #b3261e); padding: 0 4px; }
+.nbtrain-chat-input { border: 1px solid var(--jp-border-color2, #e0e0e0); border-top: none;
+  border-radius: 0 0 8px 8px; padding: 6px 8px 4px; background: var(--jp-layout-color1, #fff); }
+.nbtrain-chat-row { display: flex; gap: 6px; align-items: flex-end; }
+.nbtrain-chat-send { flex: none; height: 34px; padding: 0 16px; border: none; border-radius: 6px;
+  background: var(--jp-brand-color1, #1976d2); color: #fff; font: inherit; font-weight: 600;
+  cursor: pointer; }
+.nbtrain-chat-send:disabled { opacity: 0.45; cursor: default; }
+.nbtrain-chat-input textarea { flex: 1; min-width: 0; box-sizing: border-box; resize: none;
+  min-height: 34px;
+  border: 1px solid var(--jp-border-color1, #c4c4c4); border-radius: 6px; padding: 6px 8px;
+  font: inherit; color: inherit; background: var(--jp-layout-color0, #fff); outline: none; }
+.nbtrain-chat-input textarea:focus { border-color: var(--jp-brand-color1, #1976d2);
+  box-shadow: 0 0 0 1px var(--jp-brand-color1, #1976d2); }
+.nbtrain-chat-hint { font-size: 11px; color: var(--jp-ui-font-color3, #8c959f); padding: 2px 2px 0; }
+.nbtrain-chat-busy .nbtrain-chat-hint::after { content: " \\u00b7 answering\\u2026"; }
+"""
+
+
+class ChatView(anywidget.AnyWidget):
+    """The transcript, the text box and its Send button: ``turns`` (answered), ``live`` (the one being
+    answered), ``value`` (the text box). On Enter or Send the front end sends ``{"type": "submit",
+    "text"}``; the kernel answers ``{"type": "sent", "text"}`` when it took the message, and the front
+    end empties the box then (so a message the kernel refused stays there)."""
+
+    _esm = _ESM
+    _css = _CSS
+    value = traitlets.Unicode("").tag(sync=True)
+    placeholder = traitlets.Unicode("").tag(sync=True)
+    busy = traitlets.Bool(False).tag(sync=True)  # a reply is coming (or the server starting)
+    can_send = traitlets.Bool(False).tag(sync=True)
+    kinds: traitlets.List[list[str]] = traitlets.List().tag(sync=True)  # [kind, label, tooltip] a column
+    turns: traitlets.List[dict[str, Any]] = traitlets.List().tag(sync=True)
+    live = traitlets.Any(None).tag(sync=True)  # a Turn's state, or None
+    empty_text = traitlets.Unicode("").tag(sync=True)
+
+
+@dataclass
+class Turn:
+    """One exchange: the user's message, each model's reply (as far as it came), the kinds still
+    answering, and why a reply is missing (``note``)."""
+
+    user: str
+    replies: dict[str, str] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)
+    note: str | None = None
+
+    def answered(self, kind: str) -> bool:
+        return kind in self.replies and kind not in self.pending and self.note is None
+
+    def state(self) -> dict[str, Any]:
+        return {"user": self.user, "replies": dict(self.replies), "pending": list(self.pending),
+                "note": self.note}  # fmt: skip
 
 
 class ChatWidget:
-    """The chat: ``text``, ``send_button``, ``clear_button``, ``close_button``, the sliders and the
-    ``transcript``; ``turns`` holds (user, tuned reply, base reply or None) for each exchange."""
+    """The chat: ``view`` (transcript, text box and Send), ``clear_button``, ``close_button``,
+    ``restart_button``, ``reopen_button``, the sliders and ``status``; ``turns`` holds the exchanges
+    (``Turn``), kept when the widget closes."""
+
+    refresh_seconds = 0.05  # the transcript shows a streaming reply at most this often (and at its end)
+    watch_seconds = 1.0  # how often the widget checks that its server still runs
 
     def __init__(
         self,
@@ -39,47 +241,85 @@ class ChatWidget:
     ) -> None:
         self.run = get_run(run)
         self.compare_base = compare_base
-        self.turns: list[tuple[str, str | None, str | None]] = []
+        self.start_timeout = start_timeout
+        key = (self.run.dir.resolve(), compare_base)
+        self.turns: list[Turn] = _KEPT.setdefault(key, [])
+        for t in self.turns:  # a widget closed while answering left these waiting
+            if t.pending:
+                t.pending, t.note = [], t.note or "no answer: the chat was closed while it answered"
         self.error: str | None = None
         self.server: ServerHandle | None = None
         self.started_server = False  # True when this widget started the server (Close stops it)
-        self._history: dict[str, list[dict[str, str]]] = {"tuned": [], "base": []}
-        self._lock = threading.Lock()
+        self.gone = False  # the server stopped under the widget; Restart starts it again
+        self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._busy = False
+        self._stopped = False  # Close stopped the server this widget started
         self._ready = ""
+        self._shown = 0.0
 
         self.status = widgets.HTML()
-        self.transcript = widgets.HTML(layout=widgets.Layout(max_height="420px", overflow_y="auto"))
-        self.text = widgets.Textarea(
-            placeholder="Your message, then Send",
-            layout=widgets.Layout(width="100%", height="60px"),
+        self.view = ChatView(
+            placeholder=f"Message {self.run.name or self.run.id}…",
+            empty_text="Ask the tuned model something"
+            + (" — its base model answers beside it." if compare_base else "."),
         )
-        self.send_button = widgets.Button(description="Send", button_style="primary", disabled=True)
-        self.clear_button = widgets.Button(description="Clear")
-        self.close_button = widgets.Button(description="Close", button_style="warning")
-        self.temperature = widgets.FloatSlider(
-            value=temperature, min=0.0, max=2.0, step=0.05, description="temperature"
+        self.view.on_msg(self._on_view_msg)
+
+        def button(description: str, icon: str, tooltip: str, **kw: Any) -> widgets.Button:
+            return widgets.Button(
+                description=description, icon=icon, tooltip=tooltip,
+                layout=widgets.Layout(width="auto", padding="0 12px", **kw.pop("layout", {})), **kw,
+            )  # fmt: skip
+
+        self.clear_button = button("Clear", "eraser", "forget the conversation")
+        self.close_button = button(
+            "Close", "times", "stop the server this chat started; the conversation is kept"
         )
-        self.max_tokens = widgets.IntSlider(
-            value=max_tokens, min=1, max=1024, step=1, description="max tokens"
-        )
-        self.top_p = widgets.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description="top_p")
-        self.send_button.on_click(lambda _: self.send())
+        self.restart_button = button(
+            "Restart server", "refresh", "start the run's server again; the conversation is kept",
+            button_style="warning", layout={"display": "none"},
+        )  # fmt: skip
+        self.reopen_button = button("Reopen", "comments", "open the chat again", button_style="primary")
+
+        def slider(kind: type[widgets.FloatSlider | widgets.IntSlider], **kw: Any) -> Any:
+            return kind(
+                continuous_update=False, style={"description_width": "initial"},
+                layout=widgets.Layout(flex="1 1 200px", min_width="200px", max_width="290px"), **kw,
+            )  # fmt: skip
+
+        self.temperature = slider(
+            widgets.FloatSlider, value=temperature, min=0.0, max=2.0, step=0.05, description="temperature",
+            tooltip="0 answers greedily (the same every time)",
+        )  # fmt: skip
+        self.max_tokens = slider(
+            widgets.IntSlider, value=max_tokens, min=1, max=1024, step=1, description="max tokens",
+            tooltip="the longest reply, in tokens",
+        )  # fmt: skip
+        self.top_p = slider(
+            widgets.FloatSlider, value=top_p, min=0.05, max=1.0, step=0.05, description="top p",
+            tooltip="sample from the smallest set of tokens this likely (1: all)",
+        )  # fmt: skip
         self.clear_button.on_click(lambda _: self.clear())
         self.close_button.on_click(lambda _: self.close())
-        self.widget = widgets.VBox(
-            [
-                self.status,
-                self.transcript,
-                self.text,
-                widgets.HBox([self.send_button, self.clear_button, self.close_button]),
-                widgets.HBox([self.temperature, self.max_tokens, self.top_p]),
-            ]
+        self.restart_button.on_click(lambda _: self.restart())
+        self.reopen_button.on_click(lambda _: self.reopen())
+        self.closed_note = widgets.HTML()
+        settings = widgets.HBox(
+            [self.temperature, self.max_tokens, self.top_p],
+            layout=widgets.Layout(flex_flow="row wrap", max_width="880px"),
         )
-        self._set_status(f"starting the server of <code>{html.escape(self.run.id)}</code>…")
-        self._render()
-        self._start_thread(self._connect, start_timeout)
+        self._open_children = [
+            self.status,
+            self.view,
+            widgets.HBox([self.clear_button, self.close_button, self.restart_button]),
+            settings,
+        ]
+        self.widget = widgets.VBox(self._open_children)
+        self._set_kinds(None)
+        self._publish(force=True)
+        self._open()
 
     # ------------------------------------------------------------------------------ threading
     def _start_thread(self, target: Any, *args: Any) -> None:
@@ -88,12 +328,11 @@ class ChatWidget:
                 target(*args)
             except Exception as e:  # noqa: BLE001 - shown in the widget: a thread's error is otherwise lost
                 self.error = f"{type(e).__name__}: {e}"
-                self._set_status(f"<span style='color:#b00020'>{html.escape(self.error)}</span>")
+                self._set_status(f"<span style='color:#b3261e'>{html.escape(self.error)}</span>")
             finally:
-                if self.server is not None and not self._closed:
-                    self.send_button.disabled = False
+                self._set_busy(False)
 
-        self.send_button.disabled = True
+        self._set_busy(True)
         self._thread = threading.Thread(target=body, name="nbtrain-chat", daemon=True)
         self._thread.start()
 
@@ -102,42 +341,92 @@ class ChatWidget:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _connect(self, timeout: float) -> None:
+    def _set_busy(self, busy: bool) -> None:
+        self._busy = busy
+        self.view.busy = busy
+        self._update_can_send()
+
+    def _update_can_send(self) -> None:
+        self.view.can_send = not (self._busy or self.server is None or self._closed or self.gone)
+
+    def _open(self) -> None:
+        self._closed = False
+        self.gone = False
+        self.restart_button.layout.display = "none"
+        self.widget.children = self._open_children
+        self._set_status(f"starting the server of <code>{html.escape(self.run.id)}</code>…")
+        self._start_thread(self._connect)
+
+    def _connect(self) -> None:
         server = find_server(self.run)
         if (
             server is None
             or "tuned" not in server.models
             or (self.compare_base and "base" not in server.models)
         ):
-            server = serve(self.run, timeout=timeout)
+            server = serve(self.run, timeout=self.start_timeout)
             self.started_server = not server.reused
+        self._use(server)
+
+    def _use(self, server: ServerHandle) -> None:
         self.server = server
+        self.gone = False
         if self._closed:  # closed while the server was starting
             self._stop_server()
             return
+        self._set_kinds(server)
         self._ready = (
-            f"<b>{html.escape(server.models['tuned'])}</b>"
+            f"<span style='color:#2e7d32'>\u25cf</span> <b>{html.escape(server.models['tuned'])}</b>"
             + (" beside its base model" if self.compare_base else "")
-            + f" — served at <code>{html.escape(server.url)}</code> ({html.escape(server.device)})"
+            + f" · served at <code>{html.escape(server.url)}</code> ({html.escape(server.device)})"
         )
         self._set_status(self._ready)
+        threading.Thread(target=self._watch, args=(server,), name="nbtrain-chat-watch", daemon=True).start()
+
+    def _watch(self, server: ServerHandle) -> None:
+        """Say so as soon as the server stops (an export or ``serve --stop`` elsewhere, a crash)."""
+        while not self._closed and self.server is server and not self.gone:
+            if not server.alive():
+                if not self._closed and self.server is server:
+                    self._server_gone("its process is no longer running")
+                return
+            time.sleep(self.watch_seconds)
 
     # ------------------------------------------------------------------------------- actions
-    def send(self, text: str | None = None) -> None:
-        """Send ``text`` (default: the text box) to the tuned model, and to the base model when
-        comparing; the replies appear in the transcript when they arrive."""
-        message = (self.text.value if text is None else text).strip()
-        if not message or self.server is None or self._closed:
-            return
-        self.text.value = ""
+    def _on_view_msg(self, _view: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("type") == "submit":
+            text = str(content.get("text", ""))
+            if self._take(text):
+                self.view.send({"type": "sent", "text": text})  # the front end empties the box
+
+    def send(self, text: str | None = None) -> bool:
+        """Send ``text`` (default: the text box, emptied then) to the tuned model, and to the base model
+        when comparing; the replies stream into the transcript. Nothing is sent while a reply is coming
+        or when there is no server (False)."""
+        if text is None:
+            if not self._take(self.view.value):
+                return False
+            self.view.value = ""
+            return True
+        return self._take(text)
+
+    def _take(self, text: str) -> bool:
+        message = text.strip()
+        if not message or self._closed or self._busy:
+            return False
+        if self.gone or self.server is None:
+            return False
         if self.error is not None:  # a new message: the last one's error no longer applies
             self.error = None
             self._set_status(self._ready)
         with self._lock:
-            self.turns.append((message, None, None))
-            index = len(self.turns) - 1
-        self._render()
-        self._start_thread(self._answer, index, message)
+            self.turns.append(Turn(message, pending=list(self._kinds())))
+        self._publish(force=True)
+        self._start_thread(self._answer, self.turns[-1])
+        return True
+
+    def _kinds(self) -> list[str]:
+        return ["tuned", "base"] if self.compare_base else ["tuned"]
 
     def _params(self) -> dict[str, Any]:
         return {
@@ -146,62 +435,169 @@ class ChatWidget:
             "top_p": float(self.top_p.value),
         }
 
-    def _answer(self, index: int, message: str) -> None:
-        assert self.server is not None
+    def _history(self, kind: str, turn: Turn) -> list[dict[str, str]]:
+        """The conversation so far as ``kind`` saw it: the answered turns before ``turn``, then it."""
+        msgs: list[dict[str, str]] = []
+        with self._lock:
+            for t in self.turns:
+                if t is turn:
+                    break
+                if t.answered(kind):
+                    msgs += [
+                        {"role": "user", "content": t.user},
+                        {"role": "assistant", "content": t.replies[kind]},
+                    ]
+        return [*msgs, {"role": "user", "content": turn.user}]
+
+    def _answer(self, turn: Turn) -> None:
+        server = self.server
+        assert server is not None
         params = self._params()
-        kinds = ["tuned", "base"] if self.compare_base else ["tuned"]
-        replies: dict[str, str] = {}
-        for kind in kinds:
-            history = [*self._history[kind], {"role": "user", "content": message}]
-            reply = self.server.chat(history, base=kind == "base", **params)
-            self._history[kind] = [*history, {"role": "assistant", "content": reply}]
-            replies[kind] = reply
+        for kind in list(turn.pending):
             with self._lock:
-                self.turns[index] = (message, replies.get("tuned"), replies.get("base"))
-            self._render()
+                turn.replies[kind] = ""
+            stream = server.stream_chat(self._history(kind, turn), base=kind == "base", **params)
+            try:
+                with contextlib.closing(stream):  # leaving early closes the connection: the server stops
+                    for piece in stream:
+                        if self._closed:
+                            break
+                        with self._lock:
+                            turn.replies[kind] += piece
+                        self._publish()
+            except ServerGone:
+                if self._closed:  # Close stopped the server this widget started
+                    self._give_up(turn, None)
+                    return
+                self._give_up(turn, "no answer: the model server stopped (Restart asks again)")
+                self._server_gone("the connection was refused or broke")
+                return
+            except ServeError as e:
+                self._give_up(turn, f"no answer: {e}")
+                self.error = str(e)
+                self._set_status(f"<span style='color:#b3261e'>{html.escape(self.error)}</span>")
+                return
+            if self._closed:  # closed while answering: what came is kept
+                self._give_up(turn, None)
+                return
+            with self._lock:
+                if kind in turn.pending:
+                    turn.pending.remove(kind)
+            self._publish(force=True)
+
+    def _give_up(self, turn: Turn, note: str | None) -> None:
+        with self._lock:
+            if turn.pending:
+                turn.pending = []
+                turn.note = note or "no answer: the chat was closed while it answered"
+        self._publish(force=True)
 
     def clear(self) -> None:
         """Forget the conversation (the server keeps running)."""
         with self._lock:
             self.turns.clear()
-            self._history = {"tuned": [], "base": []}
         self.error = None
-        self._render()
+        if self.server is not None and not self.gone:
+            self._set_status(self._ready)
+        self._publish(force=True)
 
     def close(self) -> None:
-        """Stop the server if this widget started it (its memory, GPU included, is released) and
-        close the widget."""
+        """Stop the server if this widget started it (its memory, GPU included, is released) and fold the
+        widget to one line; the conversation is kept (Reopen, or ``run.chat()`` again, shows it)."""
         self._closed = True
-        self.send_button.disabled = True
+        self._update_can_send()
         self._stop_server()
+        n = len(self.turns)
+        self.closed_note.value = (
+            f"<span style='color:var(--jp-ui-font-color2,#57606a)'>Chat with "
+            f"<b>{html.escape(self.run.name or self.run.id)}</b> closed"
+            + (" and its server stopped" if self._stopped else "")
+            + (f"; the conversation ({n} message{'s' * (n != 1)}) is kept." if n else ".")
+            + "</span>"
+        )
+        self.widget.children = [widgets.HBox([self.closed_note, self.reopen_button])]
         self._set_status("closed")
-        self.widget.close()
+
+    def reopen(self) -> None:
+        """Open the chat again after Close: its conversation as it was, its server started again."""
+        if self._closed:
+            self.wait(30)
+            self._open()
+
+    def restart(self) -> None:
+        """Start the run's server again after it went away; the conversation is kept, and a message the
+        old server did not answer is asked again."""
+        if self._closed or self._busy:
+            return
+        self.restart_button.layout.display = "none"
+        self._set_status(f"starting the server of <code>{html.escape(self.run.id)}</code> again…")
+        self._start_thread(self._restart)
+
+    def _restart(self) -> None:
+        self.server = None
+        server = serve(self.run, timeout=self.start_timeout)
+        self.started_server = self.started_server or not server.reused
+        self._use(server)
+        with self._lock:
+            last = self.turns[-1] if self.turns else None
+            again = last is not None and last.note is not None and "server stopped" in last.note
+            if again and last is not None:
+                last.replies, last.note, last.pending = {}, None, list(self._kinds())
+        if again and last is not None and not self._closed:
+            self._publish(force=True)
+            self._answer(last)
 
     def _stop_server(self) -> None:
+        self._stopped = False
         if self.server is not None and self.started_server:
             self.server.stop()
             self.started_server = False
+            self._stopped = True
+
+    def _server_gone(self, why: str) -> None:
+        self.gone = True
+        self._update_can_send()
+        server = self.server
+        log = server.run_dir / "logs" / "serve.log" if server is not None else None
+        where = f" at <code>{html.escape(server.url)}</code>" if server is not None else ""
+        shown_log = ""
+        if log is not None:
+            short = html.escape(f"{self.run.id}/logs/serve.log")
+            shown_log = f"; its log: <code title='{html.escape(str(log))}'>{short}</code>"
+        self._set_status(
+            "<div style='color:#b3261e'><b>The model server has stopped, so the chat cannot answer.</b>"
+            "</div><div>It was stopped (for example by <code>%finetune serve --stop</code>) or it exited"
+            f"{shown_log}. <b>Restart server</b> starts it again; the conversation is kept.</div>"
+            f"<div style='color:var(--jp-ui-font-color2,#6e7781)'>{html.escape(why)}{where}</div>"
+        )
+        self.restart_button.layout.display = None
 
     # ------------------------------------------------------------------------------- display
     def _set_status(self, markup: str) -> None:
-        self.status.value = f"<div style='font-size:90%'>{markup}</div>"
+        self.status.value = f"<div style='font-size:90%;line-height:1.5'>{markup}</div>"
 
-    def _render(self) -> None:
+    def _set_kinds(self, server: ServerHandle | None) -> None:
+        names = server.models if server is not None else {}
+        labels = {"tuned": names.get("tuned", "tuned"), "base": "base model"}
+        titles = {
+            "tuned": f"the fine-tuned model ({names.get('tuned', 'tuned')})",
+            "base": f"the base model without the fine-tuning ({names.get('base', 'base')})",
+        }
+        self.view.kinds = [[k, labels[k], titles[k]] for k in self._kinds()]
+
+    def _publish(self, force: bool = False) -> None:
+        """Show the transcript: the answered turns, and the one being answered as ``live`` (a streaming
+        reply sends only it, at most every ``refresh_seconds``)."""
+        now = time.monotonic()
+        if not force and now - self._shown < self.refresh_seconds:
+            return
+        self._shown = now
         with self._lock:
-            turns = list(self.turns)
-        rows = []
-        pending = "<i style='color:#888'>…</i>"
-        for user, tuned, base in turns:
-            rows.append(f"<div style='{_STYLE};background:#eef3fb'><b>you</b>\n{html.escape(user)}</div>")
-            t = pending if tuned is None else html.escape(tuned)
-            tuned_box = f"<div style='{_STYLE};background:#f3f9ee;flex:1'><b>tuned</b>\n{t}</div>"
-            if self.compare_base:
-                b = pending if base is None else html.escape(base)
-                base_box = f"<div style='{_STYLE};background:#f6f6f6;flex:1'><b>base</b>\n{b}</div>"
-                rows.append(f"<div style='display:flex;gap:6px'>{tuned_box}{base_box}</div>")
-            else:
-                rows.append(tuned_box)
-        self.transcript.value = "".join(rows)
+            states = [t.state() for t in self.turns]
+            live = bool(self.turns) and bool(self.turns[-1].pending)
+        with self.view.hold_sync():
+            self.view.turns = states[:-1] if live else states
+            self.view.live = states[-1] if live else None
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

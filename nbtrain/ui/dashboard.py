@@ -1,8 +1,10 @@
-"""The live dashboard of one run: a header, a progress bar and one Plotly ``FigureWidget``.
+"""The live dashboard of one run: one Plotly ``FigureWidget`` (its title the header, a bar under it the
+progress), and a line of notes under it (the output folder, an error's log tail).
 
-One background thread polls the run directory (only new bytes, see :mod:`nbtrain.ui.tail`) and updates
-the widget inside ``batch_update()`` at a throttled rate, only when something changed, so the kernel
-stays free for other cells. Errors in that thread are shown in the header and kept in ``error``.
+One background thread follows the run with the one follow loop (:mod:`nbtrain.control.runs.follow`),
+reads the run directory through the one metrics reader (only new bytes, :mod:`nbtrain.control.runs.metrics`)
+and updates the widget inside ``batch_update()`` at a throttled rate, only when something changed, so the
+kernel stays free for other cells. Errors in that thread are shown under the figure and kept in ``error``.
 
 What a saved notebook keeps (checked with nbclient 0.11 / ipykernel 7.4 / plotly 7.1):
 
@@ -13,10 +15,20 @@ What a saved notebook keeps (checked with nbclient 0.11 / ipykernel 7.4 / plotly
   cell runs (nbclient maps it by display id), but ``display()``/``print`` from a thread land in whatever
   cell is running then.
 
-So the dashboard is displayed through a display handle with static fallbacks (plotly JSON, HTML) next
-to the widget, and when the run ends the handle is updated to a static figure of the final state and
-the widgets are closed: the saved notebook, any viewer without the kernel, and an untrusted notebook
-all show the final chart.
+- JupyterLab 4 / ipywidgets 8 choose the widget renderer for a bundle that holds a widget view, and that
+  renderer has no fallback: a missing model is "Error displaying widget: model not found" whatever else
+  the bundle holds.
+
+So a live dashboard is three outputs of its cell, each updated in place (:class:`CellOutput`, which
+routes updates from the thread to the cell that showed them): the widget (a widget view and a line of
+text), a static snapshot of the figure (plotly JSON, HTML, text) updated at most every
+``static_interval`` seconds, and a guard (a ``<style>`` only). While the widget is drawn, a style in its
+notes hides the snapshot; while it is not (a notebook saved mid-run and reopened without the kernel, or
+the widget code still loading), the guard's style hides the widget's output and the snapshot shows.
+When the run ends the widget output becomes the static figure of the final state, the snapshot and the
+guard become empty and the widgets are closed: the saved notebook, any viewer without the kernel, and
+an untrusted notebook all show the final chart and no widget reference. Frontends other than
+JupyterLab / Notebook 7 mid-run show both the widget (or its error) and the snapshot.
 """
 
 from __future__ import annotations
@@ -28,34 +40,40 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from nbtrain.errors import RunNotFound
-from nbtrain.runs import Run, RunStatus
+from nbtrain.contract.errors import RunNotFound
+from nbtrain.control.grading import CellOutput
+from nbtrain.control.runs.follow import FollowStopped
+from nbtrain.control.runs.follow import follow as follow_run
+from nbtrain.control.runs.metrics import DEFAULT_CAP, MetricsTail
+from nbtrain.control.runs.run import Run, RunStatus
 from nbtrain.ui.figures import (
     STATE_COLORS,
+    Frame,
+    MemoryLine,
     TraceSpec,
     add_traces,
+    apply_chrome,
     build_figure,
-    estimate_bytes_of,
-    header_parts,
+    chrome,
+    empty_figure,
     header_text,
+    make_frame,
+    memory_line,
     progress,
+    throughput_top,
     trace_specs,
 )
-from nbtrain.ui.tail import DEFAULT_CAP, MetricsTail
-
-if TYPE_CHECKING:
-    from IPython.display import DisplayHandle
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
-BAR_STYLES = {"completed": "success", "failed": "danger", "stopped": "warning"}
 
 
 def static_bundle(fig: go.Figure, text: str, header_html: str = "") -> dict[str, Any]:
@@ -96,27 +114,33 @@ class Dashboard:
         self.static_interval = static_interval
         self.chunk_bytes = chunk_bytes
         self.tail = MetricsTail(run, cap=cap)
-        if estimate_bytes is None:
+        estimate: MemoryLine | None = None
+        if estimate_bytes is not None:
+            estimate = memory_line(float(estimate_bytes))
+        else:
             try:
-                estimate_bytes = estimate_bytes_of(run.resolved)
+                estimate = memory_line(run.resolved.get("estimate"))
             except RunNotFound:
-                estimate_bytes = None  # a run being created: no resolved.json yet, so no estimate
-        self.estimate_bytes = estimate_bytes
+                estimate = None  # a run being created: no resolved.json yet, so no estimate
+        self.estimate = estimate
         self.extra = tuple(extra)
         self.widget = widget
         self.error: str | None = None
         self.status: RunStatus | None = None
-        self.updates = 0  # figure updates sent, for tests and diagnostics
+        self.updates = 0  # figure data updates sent, for tests and diagnostics
         self.finished = False
 
         self.fig: go.FigureWidget | None = None
-        self.header: widgets.HTML | None = None
-        self.progress: widgets.IntProgress | None = None
+        self.notes: widgets.HTML | None = None  # under the figure: the output folder, an error's log tail
         self.box: widgets.VBox | None = None
         self._index: dict[tuple[str, ...], int] = {}
-        self._versions: dict[tuple[str, ...], tuple[int, float | None]] = {}
+        self._versions: dict[tuple[str, ...], Any] = {}
+        self._chrome: dict[str, Any] | None = None
 
-        self._handle: DisplayHandle | None = None
+        self._out: CellOutput | None = None  # the widget, then the final static figure
+        self._snap: CellOutput | None = None  # while live: the static snapshot shown without the widget
+        self._guard: CellOutput | None = None  # while live: the style that hides a widget not drawn
+        self._uid = uuid.uuid4().hex[:12]
         self._shown = False
         self._static_sig: tuple[Any, ...] | None = None
         self._static_at = 0.0
@@ -134,8 +158,10 @@ class Dashboard:
             st = self._read()
             if self.widget and not self.finished:
                 self._update_widgets(st)
-            elif not self.widget and self._handle is not None and not self._ended(st):
-                self._update_static(st)
+                if self._snap is not None and not self._ended(st):
+                    self._update_static(st, self._snap)
+            elif not self.widget and self._out is not None and not self._ended(st):
+                self._update_static(st, self._out)
             return st
 
     def _read(self) -> RunStatus:
@@ -151,51 +177,65 @@ class Dashboard:
     def _ended(self, st: RunStatus) -> bool:
         return st.done and self.tail.caught_up
 
+    def _frame(self) -> Frame:
+        return make_frame(self.tail, self.estimate, self.extra)
+
     def _build_widgets(self, st: RunStatus) -> None:
-        specs = trace_specs(self.tail, self.extra)
-        fig = build_figure(self.tail, st, estimate_bytes=self.estimate_bytes, extra=self.extra, title=False)
-        fig.update_layout(margin={"t": 50})
-        self.fig = go.FigureWidget(fig)
-        self._index = {tuple(trace.meta): i for i, trace in enumerate(self.fig.data)}
-        self._versions = {spec.key: spec.version(self.tail) for spec in specs}
-        self.header = widgets.HTML(value=self._header_html(st))
-        self.progress = widgets.IntProgress(min=0, max=1, value=0, layout=widgets.Layout(width="100%"))
-        self._update_progress(st)
-        self.box = widgets.VBox([self.header, self.progress, self.fig])
+        # made whole before it is published: the thread and a reader never see a figure without its traces
+        fig = go.FigureWidget(empty_figure(self.extra))
+        self._update_figure(fig, st)
+        self.notes = widgets.HTML(value=self._live_css() + self._notes_html(st))
+        self.box = widgets.VBox([fig, self.notes])
+        self.fig = fig
 
     def _update_widgets(self, st: RunStatus) -> None:
         if self.fig is None:
             self._build_widgets(st)
             return
-        assert self.header is not None
-        specs = trace_specs(self.tail, self.extra)
+        assert self.notes is not None
+        self._update_figure(self.fig, st)
+        value = self._live_css() + self._notes_html(st)
+        if value != self.notes.value:
+            self.notes.value = value
+
+    def _update_figure(self, fig: go.FigureWidget, st: RunStatus) -> None:
+        frame = self._frame()
+        specs = trace_specs(frame)
         new = [s for s in specs if s.key not in self._index]
         if new:
             # adding traces cannot happen inside batch_update; they arrive with their data anyway
-            first = len(self.fig.data)
-            add_traces(self.fig, self.tail, new, self.extra)
+            first = len(fig.data)
+            add_traces(fig, frame, new)
             for i, spec in enumerate(new):
                 self._index[spec.key] = first + i
-                self._versions[spec.key] = spec.version(self.tail)
+                self._versions[spec.key] = spec.version(frame)
         added = {s.key for s in new}
         changed: list[TraceSpec] = [
-            s for s in specs if s.key not in added and s.version(self.tail) != self._versions[s.key]
+            s for s in specs if s.key not in added and s.version(frame) != self._versions[s.key]
         ]
-        if changed:
-            with self.fig.batch_update():
+        # the title (elapsed, ETA), the progress bar, the message before the first step
+        p = progress(self.tail, st, clk=frame.clock)
+        top = throughput_top(self.tail)
+        look = chrome(fig, p, self.run.name, estimate=self.estimate, throughput_top=top)
+        look_changed = look != self._chrome
+        if changed or look_changed:
+            with fig.batch_update():
                 for spec in changed:
-                    trace = self.fig.data[self._index[spec.key]]
-                    trace.x, trace.y = spec.data(self.tail)
-                    self._versions[spec.key] = spec.version(self.tail)
+                    trace = fig.data[self._index[spec.key]]
+                    d = spec.data(frame)
+                    trace.x, trace.y = d["x"], d["y"]
+                    if "customdata" in d:
+                        trace.customdata = d["customdata"]
+                    self._versions[spec.key] = spec.version(frame)
+                if look_changed:
+                    apply_chrome(fig, look)
+                    self._chrome = look
         if new or changed:
-            self.updates += 1
-            self._sync_unseen()
-        value = self._header_html(st)
-        if value != self.header.value:
-            self.header.value = value
-        self._update_progress(st)
+            self.updates += 1  # data sent (the title's clock ticks on its own)
+        if new or changed or look_changed:
+            self._sync_unseen(fig)
 
-    def _sync_unseen(self, *, force: bool = False) -> None:
+    def _sync_unseen(self, fig: go.FigureWidget | None, *, force: bool = False) -> None:
         """Keep the figure's initial state current while no browser view shows it.
 
         Plotly sends trace updates as messages to the views that exist; a view created later (the
@@ -203,7 +243,6 @@ class Dashboard:
         the widget had when it was made, so it would stay empty. Until the frontend reports a view
         (``_view_count``), the full state is re-sent at most once a second instead.
         """
-        fig = self.fig
         if fig is None or getattr(fig, "_view_count", None):
             return
         now = time.monotonic()
@@ -212,38 +251,40 @@ class Dashboard:
             fig._widget_data = copy.deepcopy(fig._data)
             self._unseen_sync_at = now
 
-    def _update_progress(self, st: RunStatus) -> None:
-        assert self.progress is not None
-        p = self.progress
-        top = max(1, st.max_steps or 0)
-        if p.max != top:
-            p.max = top
-        # with no known max_steps an empty bar says less that is wrong than a full one
-        step = min(max(st.step, int(self.tail.last_step or 0)), top) if st.max_steps else 0
-        if p.value != step:
-            p.value = step
-        style = BAR_STYLES.get(st.state, "info")
-        if p.bar_style != style:
-            p.bar_style = style
-
-    def _update_static(self, st: RunStatus) -> None:
-        assert self._handle is not None
+    def _update_static(self, st: RunStatus, out: CellOutput) -> None:
         sig = (self.tail.version, st.state, st.step, st.max_steps)
         now = time.monotonic()
         if sig != self._static_sig and now - self._static_at >= self.static_interval:
-            self._handle.update(self._static(st), raw=True)
+            out.update(self._static(st))
             self._static_sig, self._static_at = sig, now
             self.updates += 1
 
     # ---------------------------------------------------------------------------------- rendering
+    def _live_css(self) -> str:
+        """In the notes widget, so only while the widget is drawn: hide the snapshot after its output."""
+        mark = f"nbtrain-live-{self._uid}"
+        return (
+            f"<style>.jp-OutputArea-child:has(.{mark}) + .jp-OutputArea-child {{display: none}}</style>"
+            f"<span class='{mark}'></span>"
+        )
+
+    def _guard_bundle(self) -> dict[str, Any]:
+        """Saved with the notebook: hide the widget's output (two before this one) while it holds no
+        drawn widget, so the snapshot between them is what shows, not 'model not found'."""
+        mark = f"nbtrain-guard-{self._uid}"
+        widget_out = (
+            f".jp-OutputArea-child:not(:has(.nbtrain-live-{self._uid}))"
+            f":has(+ .jp-OutputArea-child + .jp-OutputArea-child .{mark})"
+        )
+        return {
+            "text/html": f"<style>{widget_out} {{display: none}}</style><span class='{mark}'></span>",
+            "text/plain": "",
+        }
+
     def _static(self, st: RunStatus) -> dict[str, Any]:
-        fig = build_figure(
-            self.tail, st, estimate_bytes=self.estimate_bytes, name=self.run.name, extra=self.extra
-        )
-        extra = self._error_html(st)
-        return static_bundle(
-            fig, self.text(st), f"<div class='nbtrain-dashboard'>{extra}</div>" if extra else ""
-        )
+        fig = build_figure(self.tail, st, estimate=self.estimate, name=self.run.name, extra=self.extra)
+        notes = self._notes_html(st)
+        return static_bundle(fig, self.text(st), notes)
 
     def text(self, st: RunStatus | None = None) -> str:
         st = st or self.status or self.run.status()
@@ -252,44 +293,34 @@ class Dashboard:
             text += f"\nlive view stopped by an error:\n{self.error}"
         return text
 
-    def _header_html(self, st: RunStatus) -> str:
-        color = STATE_COLORS.get(st.state, "#1565c0")
-        parts = header_parts(progress(self.tail, st))[1:]  # [0] is the state, coloured here
-        head = (
-            f"<b>{html.escape(self.run.name)}</b> <code>{html.escape(self.run.id)}</code> "
-            f"<span style='color:{color};font-weight:bold'>{html.escape(st.state)}</span> · "
-            + " · ".join(html.escape(s) for s in parts)
-        )
-        return f"<div class='nbtrain-dashboard'>{head}{self._error_html(st)}</div>"
-
-    def _error_html(self, st: RunStatus) -> str:
+    def _notes_html(self, st: RunStatus) -> str:
+        """What the figure does not say: where the output is, an error's log tail, a view that broke."""
         out = ""
         if st.state == "completed":
             out += f"<div>output: <code>{html.escape(str(self.run.output_dir))}</code></div>"
         if st.error:
             tail = st.error.get("log_tail") or self.run.logs(20)
+            color = STATE_COLORS["failed"]
             out += (
-                f"<div style='color:#c62828'>{html.escape(str(st.error.get('type', 'error')))}: "
+                f"<div style='color:{color}'>{html.escape(str(st.error.get('type', 'error')))}: "
                 f"{html.escape(str(st.error.get('message', '')))}</div>"
                 f"<details><summary>log tail</summary><pre>{html.escape(tail)}</pre></details>"
             )
         if self.error:
             out += (
-                "<pre style='color:#c62828;white-space:pre-wrap'>live view stopped by an error:\n"
-                f"{html.escape(self.error)}</pre>"
+                f"<pre style='color:{STATE_COLORS['failed']};white-space:pre-wrap'>live view stopped by an "
+                f"error:\n{html.escape(self.error)}</pre>"
             )
-        return out
+        return f"<div class='nbtrain-dashboard' style='font-size:12px'>{out}</div>" if out else ""
 
     # ------------------------------------------------------------------------------------ showing
     def show(self, *, background: bool = True) -> None:
         """Display the dashboard in the current cell and (by default) keep it updated from a thread."""
-        from IPython.display import display
-
         with self._lock:
             st = self._read()
             self._shown = True
             if self._ended(st) or not self.widget:
-                self._handle = display(self._static(st), raw=True, display_id=True)
+                self._out = CellOutput(self._static(st))
                 self._static_sig = (self.tail.version, st.state, st.step, st.max_steps)
                 self._static_at = time.monotonic()
                 if self._ended(st):
@@ -298,9 +329,12 @@ class Dashboard:
                     return
             else:
                 self._update_widgets(st)
-                self._sync_unseen(force=True)
-                bundle = {**self._static(st), **self._widget_bundle()}
-                self._handle = display(bundle, raw=True, display_id=True)
+                self._sync_unseen(self.fig, force=True)
+                self._out = CellOutput({**self._widget_bundle(), "text/plain": self.text(st)})
+                self._snap = CellOutput(self._static(st))
+                self._static_sig = (self.tail.version, st.state, st.step, st.max_steps)
+                self._static_at = time.monotonic()
+                self._guard = CellOutput(self._guard_bundle())
         if background:
             self.start()
 
@@ -322,24 +356,35 @@ class Dashboard:
     def thread(self) -> threading.Thread | None:
         return self._thread
 
+    def _follow(self, timeout: float | None = None, stop: threading.Event | None = None) -> RunStatus:
+        """Refresh until the run ended and its whole history is read (at once while behind on it)."""
+        return follow_run(
+            self.refresh,
+            ended=self._ended,
+            timeout=timeout,
+            interval=self.interval,
+            stop=stop,
+            behind=lambda: not self.tail.caught_up,
+            what=f"run {self.run.id}",
+        )
+
     def _loop(self) -> None:
-        stop = self._stop
-        wait = self.interval
         try:
-            while not stop.wait(wait):
-                st = self.refresh()
-                if self._ended(st):
-                    self._finish(st)
-                    return
-                wait = self.interval if self.tail.caught_up else 0.0
+            st = self._follow(stop=self._stop)
+            self._finish(st)
+        except FollowStopped:
+            return
         except Exception:  # noqa: BLE001 - a thread's exception is otherwise lost: shown in the view
             self._fail(traceback.format_exc())
 
     def _finish(self, st: RunStatus) -> None:
         """After the final widget update: leave a static figure of the final state in the output."""
         with self._lock:
-            if self._handle is not None:
-                self._handle.update(self._static(st), raw=True)
+            if self._out is not None:
+                self._out.update(self._static(st))
+                for out in (self._snap, self._guard):
+                    if out is not None:
+                        out.update({"text/html": "", "text/plain": ""})
                 self._close_widgets()
             self.finished = True
 
@@ -347,18 +392,16 @@ class Dashboard:
         self.error = tb
         try:
             st = self.status or RunStatus(state="queued")
-            if self.header is not None:
-                self.header.value = self._header_html(st)
-            elif self._handle is not None:
-                self._handle.update(
-                    {"text/html": self._header_html(st), "text/plain": self.text(st)}, raw=True
-                )
+            if self.notes is not None:
+                self.notes.value = self._notes_html(st)
+            elif self._out is not None:
+                self._out.update({"text/html": self._notes_html(st), "text/plain": self.text(st)})
         except Exception:  # noqa: BLE001 - the view itself is broken: the kernel's stderr is what is left
             print(f"nbtrain dashboard of {self.run.id} failed:\n{tb}", file=sys.__stderr__)
 
     def _close_widgets(self) -> None:
         # the output shows the static figure now; closing frees the models in kernel and frontend
-        for w in (self.box, self.fig, self.progress, self.header):
+        for w in (self.box, self.fig, self.notes):
             if w is not None:
                 w.close()
 
@@ -373,26 +416,16 @@ class Dashboard:
             self.show(background=False)
         if self.finished:
             return self.status or self.run.status()
-        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while True:
-                st = self.refresh()
-                if self._ended(st):
-                    self._finish(st)
-                    return st
-                if deadline is not None and time.monotonic() > deadline:
-                    self.start()
-                    raise TimeoutError(f"run {self.run.id} still {st.describe()} after {timeout} s")
-                if self.tail.caught_up:
-                    time.sleep(self.interval)
-        except KeyboardInterrupt:
+            st = self._follow(timeout)
+            self._finish(st)
+        except (KeyboardInterrupt, TimeoutError):
             self.start()
-            raise
-        except TimeoutError:
             raise
         except Exception:
             self._fail(traceback.format_exc())
             raise
+        return st
 
     def _stop_thread(self) -> None:
         self._stop.set()

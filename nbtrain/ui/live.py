@@ -1,8 +1,9 @@
 """A live, self-updating view of one run in a notebook (HTML updated through a display handle).
 
-It reads metrics.jsonl incrementally (only new bytes), keeps a bounded window of recent rows, and is
-refreshed by one background thread at a throttled rate until the run ends. Errors in that thread are
-shown in the view, never swallowed.
+It reads the run through the one metrics reader (:class:`nbtrain.control.runs.metrics.MetricsTail`: only
+new bytes, a bounded window of recent rows) and is refreshed by the one follow loop
+(:func:`nbtrain.control.runs.follow.follow`) in a background thread until the run ends. Errors in that
+thread are shown in the view, never swallowed.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import html
 import sys
 import threading
-import time
 import traceback
 from collections import deque
 from typing import Any
 
-from nbtrain.rundir import iter_jsonl
-from nbtrain.runs import Run, RunStatus
+from nbtrain.control.grading import CellOutput
+from nbtrain.control.runs.follow import FollowStopped
+from nbtrain.control.runs.follow import follow as follow_run
+from nbtrain.control.runs.metrics import MetricsTail
+from nbtrain.control.runs.run import Run, RunStatus
 
 COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "eval_loss")
 
@@ -29,67 +32,65 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _duration(s: float) -> str:
-    s = int(s)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
 class LiveView:
     def __init__(self, run: Run, *, interval: float = 1.0, rows: int = 8) -> None:
         self.run = run
         self.interval = interval
-        self.recent: deque[dict[str, Any]] = deque(maxlen=rows)
-        self.first_loss: float | None = None
-        self.last_loss: float | None = None
-        self.last_eval: float | None = None
-        self.records = 0
-        self._offset = 0
-        self._handle: Any = None
+        self.tail = MetricsTail(run, rows=rows)
+        self._handle: CellOutput | None = None  # updates reach this cell from the thread or another
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.error: str | None = None
 
     # ---------------------------------------------------------------------------------- reading
     def poll(self) -> RunStatus:
-        for end, rec in iter_jsonl(self.run.paths.metrics, self._offset):
-            self._offset = end
-            self.records += 1
-            if "loss" in rec:
-                if self.first_loss is None:
-                    self.first_loss = float(rec["loss"])
-                self.last_loss = float(rec["loss"])
-            if "eval_loss" in rec:
-                self.last_eval = float(rec["eval_loss"])
-            self.recent.append(rec)
-        return self.run.status()
+        # status before metrics: the worker writes its last metrics before its final state, so a final
+        # state read first means the view's last frame has every logged step
+        st = self.run.status()
+        self.tail.poll()
+        return st
+
+    @property
+    def recent(self) -> deque[dict[str, Any]]:
+        return self.tail.recent
+
+    @property
+    def records(self) -> int:
+        return self.tail.records
+
+    @property
+    def first_loss(self) -> float | None:
+        return self.tail.first.get("loss")
+
+    @property
+    def last_loss(self) -> float | None:
+        return self.tail.last.get("loss")
+
+    @property
+    def last_eval(self) -> float | None:
+        return self.tail.last.get("eval_loss")
 
     def render(self, st: RunStatus) -> str:
-        started = self._started_at()
-        elapsed = (st.updated or time.time()) - started if started else 0.0
-        eta = ""
-        if st.max_steps and st.step and not st.done:
-            eta = f", ETA {_duration(elapsed / st.step * (st.max_steps - st.step))}"
-        pct = 100.0 * st.step / st.max_steps if st.max_steps else 0.0
-        color = {"completed": "#2e7d32", "failed": "#c62828", "stopped": "#6d4c41"}.get(st.state, "#1565c0")
+        # the dashboard's words and numbers: elapsed over every attempt, the smoothed ETA, the phase
+        from nbtrain.ui.figures import header_parts, progress, state_color  # plotly loads on first use
+
+        p = progress(self.tail, st)
+        parts = header_parts(p)
+        if p.phase is None and self.last_loss is not None and self.first_loss is not None:
+            parts = [f"{s} (start {_fmt(self.first_loss)})" if s.startswith("loss ") else s for s in parts]
         head = (
             f"<b>{html.escape(self.run.name)}</b> <code>{html.escape(self.run.id)}</code> "
-            f"<span style='color:{color};font-weight:bold'>{st.state}</span> "
-            f"step {st.step}/{st.max_steps or '?'} · elapsed {_duration(elapsed)}{eta}"
+            f"<span style='color:{state_color(st.state)};font-weight:bold'>{html.escape(parts[0])}</span> "
+            + " · ".join(html.escape(s) for s in parts[1:])
         )
-        if self.last_loss is not None:
-            head += f" · loss {_fmt(self.last_loss)}"
-            if self.first_loss is not None:
-                head += f" (start {_fmt(self.first_loss)})"
-        if self.last_eval is not None:
-            head += f" · eval_loss {_fmt(self.last_eval)}"
-        bar = f"<progress value='{pct:.1f}' max='100' style='width:100%'></progress>"
+        bar = f"<progress value='{100 * p.fraction:.1f}' max='100' style='width:100%'></progress>"
         rows = "".join(
             "<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in COLUMNS) + "</tr>" for r in self.recent
         )
         table = (
             "<table><tr>" + "".join(f"<th>{c}</th>" for c in COLUMNS) + f"</tr>{rows}</table>"
             if rows
-            else "<i>waiting for the first logged step…</i>"
+            else f"<i>{html.escape(p.waiting() or '')}…</i>"
         )
         extra = ""
         if st.state == "completed":
@@ -105,12 +106,6 @@ class LiveView:
             extra += f"<pre style='color:#c62828'>live view error:\n{html.escape(self.error)}</pre>"
         return f"<div class='nbtrain-live'>{head}{bar}{table}{extra}</div>"
 
-    def _started_at(self) -> float | None:
-        try:
-            return float(self.run.paths.launch.stat().st_mtime)
-        except FileNotFoundError:
-            return None
-
     def text(self, st: RunStatus) -> str:
         loss = f" loss {_fmt(self.last_loss)}" if self.last_loss is not None else ""
         return f"{self.run.id}: {st.describe()}{loss}"
@@ -120,10 +115,8 @@ class LiveView:
         return {"text/html": self.render(st), "text/plain": self.text(st)}
 
     def show(self, *, background: bool = True) -> None:
-        from IPython.display import display
-
         st = self.poll()
-        self._handle = display(self._bundle(st), raw=True, display_id=True)
+        self._handle = CellOutput(self._bundle(st))
         if background and not st.done:
             self._thread = threading.Thread(
                 target=self._loop, name=f"nbtrain-live-{self.run.id}", daemon=True
@@ -132,15 +125,18 @@ class LiveView:
 
     def _update(self, st: RunStatus) -> None:
         if self._handle is not None:
-            self._handle.update(self._bundle(st), raw=True)
+            self._handle.update(self._bundle(st))
+
+    def _tick(self) -> RunStatus:
+        st = self.poll()
+        self._update(st)
+        return st
 
     def _loop(self) -> None:
         try:
-            while not self._stop.wait(self.interval):
-                st = self.poll()
-                self._update(st)
-                if st.done:
-                    return
+            follow_run(self._tick, interval=self.interval, stop=self._stop, what=f"run {self.run.id}")
+        except FollowStopped:
+            return
         except Exception:  # noqa: BLE001 - shown in the view instead of dying silently
             self.error = traceback.format_exc()
             try:
@@ -150,17 +146,9 @@ class LiveView:
 
     def follow(self, timeout: float | None = None) -> RunStatus:
         """Block (in the foreground) updating the view until the run ends."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         if self._handle is None:
             self.show(background=False)
-        while True:
-            st = self.poll()
-            self._update(st)
-            if st.done:
-                return st
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {self.run.id} still {st.describe()} after {timeout} s")
-            time.sleep(self.interval)
+        return follow_run(self._tick, timeout=timeout, interval=self.interval, what=f"run {self.run.id}")
 
     def close(self) -> None:
         self._stop.set()

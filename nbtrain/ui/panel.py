@@ -3,14 +3,15 @@
     import nbtrain; nbtrain.panel()            # or: %finetune panel
 
 The form is another way to write the same YAML a ``%%finetune`` cell takes: it shows that YAML live,
-validates it with ``nbtrain.config.load_config`` (so every inline error is the YAML validator's own
-message, on the field it belongs to), previews the first data rows as the model will see them, and
-launches, stops, loads and exports runs through ``nbtrain.api``.
+validates it with ``nbtrain.control.prepare.validate``, the check Launch itself goes by (so every inline
+error is the message launching would give, on the field it belongs to, and a form without errors
+launches), previews the first data rows as the model will see them, and launches, stops, loads and
+exports runs through ``nbtrain.control.start``.
 
 Nothing here imports torch, transformers or bitsandbytes: the data preview renders the model's chat
 template with jinja2 directly (the way transformers does), and validation that needs bitsandbytes runs
-its probe in a subprocess (see ``nbtrain.config``). Validation and the preview run in a background
-thread, debounced, so typing never waits for them and a slow first check does not block the kernel.
+its probe in a subprocess (see ``nbtrain.control.config.schema``). Validation and the preview run in a
+background thread, debounced, so typing never waits for them and a slow first check does not block the kernel.
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ import copy
 import html
 import json
 import math
+import os
 import re
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Final, get_args
+from typing import TYPE_CHECKING, Any, Final, get_args
 
 import ipywidgets as widgets
 import yaml
@@ -39,26 +42,31 @@ from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel
 
-from nbtrain import api
-from nbtrain.config import (
-    METHODS,
+from nbtrain.contract.errors import ConfigError, NbtrainError, Problem
+from nbtrain.contract.formats import FILE_KINDS, FORMAT_HELP, FORMATS, RowError, detect_format, to_example
+from nbtrain.contract.objectives import OBJECTIVES
+from nbtrain.contract.paths import runs_root
+from nbtrain.control import start as api
+from nbtrain.control.config.choices import METHODS
+from nbtrain.control.config.datacheck import DataProblem, read_rows
+from nbtrain.control.config.preset import Preset, find_preset
+from nbtrain.control.config.schema import (
     DataSettings,
     DistributedSettings,
     LoraSettings,
     QuantSettings,
     RunConfig,
-    load_config,
     parse_source,
 )
-from nbtrain.datacheck import FILE_KINDS, DataProblem, read_rows
-from nbtrain.errors import ConfigError, NbtrainError, Problem
-from nbtrain.formats import FORMAT_HELP, FORMATS, RowError, detect_format, to_example
-from nbtrain.objectives import OBJECTIVES
-from nbtrain.preset import Preset, find_preset
-from nbtrain.runs import Run, get_run
-from nbtrain.trainargs import sft_fields
-from nbtrain.ui.live import LiveView
+from nbtrain.control.config.trainargs import sft_fields
+from nbtrain.control.hub import cache_dir as hub_cache_dir
+from nbtrain.control.prepare import validate as validate_config
+from nbtrain.control.runs.follow import FollowStopped, follow
+from nbtrain.control.runs.run import Run, get_run
 from nbtrain.ui.preview import segments_html
+
+if TYPE_CHECKING:
+    from nbtrain.ui.dashboard import Dashboard
 
 # The strategy dropdown offers what the schema accepts; were that one value, it would show disabled.
 STRATEGY_CHOICES: Final = get_args(DistributedSettings.model_fields["strategy"].annotation)
@@ -166,12 +174,14 @@ def _same(a: Any, b: Any) -> bool:
 @dataclass(frozen=True)
 class PanelField:
     path: str  # the dotted key path, as in Problem.path ("train.learning_rate")
-    kind: str  # "text" (a string) | "scalar" (one YAML scalar) | "choice" (a dropdown) | "targets"
-    group: str
+    kind: str  # "text" | "path" (a string, with local candidates) | "scalar" (one YAML scalar) | "choice"
+    group: str  # the field group (GROUPS), each shown in one step of the flow (STEPS)
+    label: str = ""  # what a person reads; the key path is in the tooltip
     choices: tuple[Any, ...] = ()  # dropdown values, or suggestions for a scalar box
     default: Any = UNSET  # a dropdown's value when nothing is set
     placeholder: str = ""
     help: str = ""
+    option_labels: Mapping[Any, str] = field(default_factory=dict)  # a dropdown value's words
 
     @property
     def section(self) -> str:
@@ -181,8 +191,65 @@ class PanelField:
     def key(self) -> str:
         return self.path.rsplit(".", 1)[-1]
 
+    @property
+    def tooltip(self) -> str:
+        """The YAML key the field writes, then what it means."""
+        return f"{self.path}: {self.help}"[:400] if self.help else self.path
 
-GROUPS: Final = ("Model", "Data", "Training", "LoRA", "QLoRA", "Run")
+    def options(self) -> list[tuple[str, Any]]:
+        """A dropdown's (label, value) pairs; the value that applies when nothing is set says so."""
+        out = []
+        for c in self.choices:
+            label = self.option_labels.get(c, str(c))
+            if self.default is not UNSET and _same(c, self.default):
+                label += " (default)"
+            out.append((label, c))
+        return out
+
+
+# Field groups, in the order they show, and the steps of the flow they belong to (model -> method -> data
+# -> hyperparameters -> start).
+GROUPS: Final = ("Model", "Method", "LoRA", "QLoRA", "Data", "Training", "Run")
+STEPS: Final = (
+    ("Model", "what to fine-tune", ("Model",)),
+    ("Method", "how much of it to train, and towards what", ("Method", "LoRA", "QLoRA")),
+    ("Data", "what to train on", ("Data",)),
+    ("Hyperparameters", "how long and how fast; an empty box keeps its default", ("Training",)),
+    ("Start", "launch it here, or put it in a %%finetune cell", ("Run",)),
+)
+
+METHOD_WORDS: Final = {
+    "lora": "LoRA: small adapters, the model frozen",
+    "qlora": "QLoRA: LoRA on a 4/8-bit quantized model",
+    "full": "full fine-tuning: every weight",
+}
+STRATEGY_WORDS: Final = {
+    "auto": "auto: one process per GPU found",
+    "none": "none: one process",
+    "ddp": "DDP: a copy per GPU",
+    "zero1": "ZeRO-1 (DeepSpeed)",
+    "zero2": "ZeRO-2 (DeepSpeed)",
+    "zero3": "ZeRO-3 (DeepSpeed)",
+    "fsdp": "FSDP (PyTorch)",
+}
+PRECISION_WORDS: Final = {
+    "auto": "auto: bf16 where supported",
+    "fp32": "fp32",
+    "fp16": "fp16",
+    "bf16": "bf16",
+}
+# Human labels of the TRL / transformers keys the Hyperparameters step shows, in this order.
+TRAIN_LABELS: Final = {
+    "max_steps": "Max steps",
+    "num_train_epochs": "Epochs",
+    "learning_rate": "Learning rate",
+    "per_device_train_batch_size": "Batch size per device",
+    "gradient_accumulation_steps": "Gradient accumulation",
+    "max_length": "Max sequence length",
+    "lr_scheduler_type": "LR schedule",
+    "warmup_steps": "Warm-up steps",
+    "optim": "Optimizer",
+}
 
 
 def _default_text(v: Any) -> str:
@@ -201,11 +268,27 @@ def panel_fields() -> list[PanelField]:
         spec = sft.get(key)
         if spec is None:  # another TRL release without this key: the YAML can still hold it
             return []
+        label = TRAIN_LABELS[key]
+        if spec.choices and spec.kinds == ("str",):
+            # an enum of transformers (SchedulerType, OptimizerNames): a dropdown of its values, the
+            # TRL default shown and written only once the user picks something
+            return [
+                PanelField(
+                    f"train.{key}",
+                    "choice",
+                    "Training",
+                    label,
+                    tuple(spec.choices),
+                    spec.default,
+                    help=spec.help,
+                )
+            ]
         return [
             PanelField(
                 f"train.{key}",
                 "scalar",
                 "Training",
+                label,
                 choices=spec.choices or (),
                 placeholder=placeholder or f"default {_default_text(spec.default)}",
                 help=spec.help,
@@ -216,73 +299,64 @@ def panel_fields() -> list[PanelField]:
     return [
         PanelField(
             "model",
-            "text",
+            "path",
+            "Model",
             "Model",
             placeholder="./model-dir or org/name",
-            help="a directory saved with save_pretrained(), or a hub id",
+            help="a folder saved with save_pretrained() (the list offers those found here and in the "
+            "Hugging Face cache), or a Hub id",
         ),
         PanelField(
-            "method", "choice", "Model", choices=METHODS, default=_schema_default(RunConfig, "method")
+            "method",
+            "choice",
+            "Method",
+            "Method",
+            choices=METHODS,
+            default=_schema_default(RunConfig, "method"),
+            help="lora trains small adapter matrices; qlora does so on a quantized model (least memory); "
+            "full trains every weight (most memory)",
+            option_labels=METHOD_WORDS,
         ),
         PanelField(
             "objective",
             "choice",
-            "Model",
+            "Method",
+            "Objective",
             choices=tuple(OBJECTIVES),
             default=_schema_default(RunConfig, "objective"),
             help="what training optimises: sft (imitate answers), dpo / orpo (prefer chosen over "
             "rejected), kto (desirable / undesirable completions), grpo (reward functions)",
+            option_labels={k: f"{k}: {o.summary}" for k, o in OBJECTIVES.items()},
         ),
         PanelField(
-            "data.train",
-            "text",
-            "Data",
-            placeholder="data/train.jsonl",
-            help=".jsonl, .json, .csv, .parquet, a save_to_disk() directory, or a hub dataset id",
-        ),
-        PanelField(
-            "data.format",
-            "choice",
-            "Data",
-            choices=DATA_FORMATS,
-            default=_schema_default(DataSettings, "format"),
-        ),
-        PanelField(
-            "data.eval_split",
+            "lora.r",
             "scalar",
-            "Data",
-            placeholder="e.g. 0.1 (none by default)",
-            help="fraction of the training rows held out for evaluation (0.1), or a number of rows (200)",
+            "LoRA",
+            "LoRA rank",
+            placeholder=f"default {lora_default['r']}",
+            help="the rank of the adapter matrices: higher learns more, costs more memory",
         ),
         PanelField(
-            "rewards",
-            "names",
-            "Data",
-            placeholder="my_reward, format_reward",
-            help="objective: grpo: reward functions defined in the notebook, or built-ins "
-            "(format_reward, length_reward)",
+            "lora.alpha",
+            "scalar",
+            "LoRA",
+            "LoRA alpha",
+            placeholder=f"default {lora_default['alpha']}",
+            help="the adapters' scale (alpha / r multiplies their output)",
         ),
-        *train("max_steps", "default -1 (train for num_train_epochs)"),
-        *train("num_train_epochs"),
-        *train("learning_rate"),
-        *train("per_device_train_batch_size"),
-        *train("gradient_accumulation_steps"),
-        *train("max_length"),
-        *train("lr_scheduler_type"),
         PanelField(
-            "precision",
-            "choice",
-            "Training",
-            choices=PRECISIONS,
-            default=_schema_default(RunConfig, "precision"),
+            "lora.dropout",
+            "scalar",
+            "LoRA",
+            "LoRA dropout",
+            placeholder=f"default {lora_default['dropout']}",
+            help="dropout on the adapters' input",
         ),
-        PanelField("lora.r", "scalar", "LoRA", placeholder=f"default {lora_default['r']}"),
-        PanelField("lora.alpha", "scalar", "LoRA", placeholder=f"default {lora_default['alpha']}"),
-        PanelField("lora.dropout", "scalar", "LoRA", placeholder=f"default {lora_default['dropout']}"),
         PanelField(
             "lora.target_modules",
             "targets",
             "LoRA",
+            "Target modules",
             placeholder="default auto (or all-linear, or q_proj, v_proj)",
             help="'auto' (the model's usual attention projections), 'all-linear', or module names",
         ),
@@ -290,13 +364,71 @@ def panel_fields() -> list[PanelField]:
             "quantization.bits",
             "choice",
             "QLoRA",
+            "Quantization",
             choices=(4, 8),
             default=_schema_default(QuantSettings, "bits"),
+            help="the bits each frozen weight is stored in (bitsandbytes)",
+            option_labels={4: "4-bit", 8: "8-bit"},
+        ),
+        PanelField(
+            "data.train",
+            "path",
+            "Data",
+            "Training data",
+            placeholder="data/train.jsonl",
+            help=".jsonl, .json, .csv, .parquet (the list offers those found here), a save_to_disk() "
+            "folder, or a Hub dataset id",
+        ),
+        PanelField(
+            "data.format",
+            "choice",
+            "Data",
+            "Format",
+            choices=DATA_FORMATS,
+            default=_schema_default(DataSettings, "format"),
+            help="how the rows are laid out; auto tells from the first rows",
+        ),
+        PanelField(
+            "data.eval_split",
+            "scalar",
+            "Data",
+            "Held out for eval",
+            placeholder="e.g. 0.1 (none by default)",
+            help="fraction of the training rows held out for evaluation (0.1), or a number of rows (200)",
+        ),
+        PanelField(
+            "rewards",
+            "names",
+            "Data",
+            "Reward functions",
+            placeholder="my_reward, format_reward",
+            help="objective: grpo: reward functions defined in the notebook, or built-ins "
+            "(format_reward, length_reward)",
+        ),
+        *train("max_steps", "default -1 (train for the epochs)"),
+        *train("num_train_epochs"),
+        *train("learning_rate"),
+        *train("per_device_train_batch_size"),
+        *train("gradient_accumulation_steps"),
+        *train("max_length"),
+        *train("lr_scheduler_type"),
+        *train("warmup_steps"),
+        *train("optim"),
+        PanelField(
+            "precision",
+            "choice",
+            "Training",
+            "Precision",
+            choices=PRECISIONS,
+            default=_schema_default(RunConfig, "precision"),
+            help="the number format of the weights and activations in training",
+            option_labels=PRECISION_WORDS,
         ),
         PanelField(
             "name",
             "text",
             "Run",
+            "Run name",
             placeholder="default <model>-<method>",
             help="letters, digits, '.', '_' or '-'",
         ),
@@ -304,10 +436,12 @@ def panel_fields() -> list[PanelField]:
             "distributed.strategy",
             "choice",
             "Run",
+            "Distributed",
             choices=STRATEGY_CHOICES,
             default=_schema_default(DistributedSettings, "strategy"),
             help="auto: one process per GPU found (DDP when several); none: one process; "
             "zero1/2/3: DeepSpeed ZeRO; more settings (num_processes, offload, ...) in the YAML",
+            option_labels=STRATEGY_WORDS,
         ),
     ]
 
@@ -643,6 +777,91 @@ def preview_html(p: Preview) -> str:
     return "".join(parts)
 
 
+# ------------------------------------------------------------------------------- local path candidates
+# The model and data boxes offer what is on disk: model folders (a config.json beside the weights) and
+# data files (the suffixes the data loader reads) below the notebook's folder, and the models in the Hub
+# cache. The walk is bounded, so a home folder full of files costs milliseconds, not seconds.
+
+SKIP_DIRS: Final = frozenset(
+    {"node_modules", "__pycache__", "site-packages", "nbtrain_runs", "checkpoints", "wandb", "mlruns"}
+)
+MAX_CANDIDATES = 200
+CANDIDATES_EVERY = 10.0  # seconds: how often typing may look at the disk again
+
+
+def _walk(base: Path, depth: int, budget: int = 4000) -> Iterable[tuple[Path, list[os.DirEntry[str]]]]:
+    """(folder, its entries) below ``base`` (itself included), breadth first, at most ``depth`` levels,
+    ``budget`` entries in all; hidden folders, the runs root and tool folders are skipped."""
+    try:
+        skip = runs_root()
+    except OSError:
+        skip = None
+    queue: list[tuple[Path, int]] = [(base, 0)]
+    seen: set[tuple[int, int]] = set()
+    while queue and budget > 0:
+        folder, level = queue.pop(0)
+        try:
+            st = folder.stat()
+            if (st.st_dev, st.st_ino) in seen:
+                continue  # a link back up the tree
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)[:budget]
+        except OSError:
+            continue
+        budget -= len(entries)
+        yield folder, entries
+        if level >= depth:
+            continue
+        for e in entries:
+            if e.name.startswith(".") or e.name in SKIP_DIRS:
+                continue
+            with contextlib.suppress(OSError):
+                if e.is_dir() and (skip is None or Path(e.path) != skip):
+                    queue.append((Path(e.path), level + 1))
+
+
+def _relative(p: Path, base: Path) -> str:
+    try:
+        rel = p.relative_to(base)
+    except ValueError:
+        return str(p)
+    return f"./{rel.as_posix()}" if len(rel.parts) == 1 else rel.as_posix()
+
+
+def model_candidates(base: Path, depth: int = 2) -> list[str]:
+    """Model folders below ``base`` (those holding a config.json), then the Hub cache's models (org/name)."""
+    out = [
+        _relative(folder, base)
+        for folder, entries in _walk(base, depth)
+        if folder != base and any(e.name == "config.json" for e in entries)
+    ]
+    hub = Path(hub_cache_dir())
+    with contextlib.suppress(OSError), os.scandir(hub) as it:
+        names = sorted(e.name for e in it if e.name.startswith("models--"))
+        out += [n.removeprefix("models--").replace("--", "/") for n in names]
+    return out[:MAX_CANDIDATES]
+
+
+def data_candidates(base: Path, depth: int = 3) -> list[str]:
+    """Data files below ``base`` (FILE_KINDS suffixes) and save_to_disk() folders; model folders are
+    not looked into (their .json files are not data)."""
+    out: list[str] = []
+    for folder, entries in _walk(base, depth):
+        names = {e.name for e in entries}
+        if "config.json" in names and folder != base:
+            continue  # a model folder
+        if "dataset_info.json" in names and "state.json" in names:
+            out.append(_relative(folder, base))
+            continue
+        for e in entries:
+            if Path(e.name).suffix.lower() in FILE_KINDS and not e.name.startswith("."):
+                with contextlib.suppress(OSError):
+                    if e.is_file():
+                        out.append(_relative(Path(e.path), base).removeprefix("./"))
+    return out[:MAX_CANDIDATES]
+
+
 # -------------------------------------------------------------------------------------- debouncing
 
 
@@ -719,12 +938,43 @@ class _Debouncer:
 
 ConfigSource = str | Path | Mapping[str, Any] | Run | None
 
-_LABEL_STYLE: Final = {"description_width": "200px"}
-_ERROR_STYLE = "color:#c62828;font-size:12px;line-height:1.3"
-_CSS = (
-    "<style>.nbtrain-invalid input, .nbtrain-invalid select, .nbtrain-invalid textarea "
-    "{border-color:#c62828 !important}</style>"
-)
+_LABEL_WIDTH = 168  # px; the labels are words, so they fit (no key path cut off)
+_FIELD_WIDTH = "372px"
+_ERROR_STYLE = f"color:#c62828;font-size:12px;line-height:1.3;margin:0 0 2px {_LABEL_WIDTH + 8}px"
+_CSS = f"""<style>
+.nbtrain-invalid input, .nbtrain-invalid select, .nbtrain-invalid textarea {{border-color:#c62828 !important}}
+.nbtrain-step {{border:1px solid var(--jp-border-color2, #e0e0e0); border-radius:6px;
+  padding:4px 10px 8px 10px; margin:0 0 10px 0}}
+.nbtrain-step-title {{font-size:14px; font-weight:600; margin:2px 0 6px 0;
+  color:var(--jp-ui-font-color0, #212121)}}
+.nbtrain-step-num {{display:inline-block; width:20px; height:20px; line-height:20px; border-radius:10px;
+  background:#1565c0; color:#fff; text-align:center; font-size:12px; margin-right:8px}}
+.nbtrain-step-hint {{font-weight:normal; font-size:12px; color:var(--jp-ui-font-color2, #757575);
+  margin-left:8px}}
+.nbtrain-label {{display:block; width:{_LABEL_WIDTH - 8}px; padding-right:8px; white-space:nowrap;
+  overflow:hidden; text-overflow:ellipsis; line-height:var(--jp-widgets-inline-height, 28px);
+  color:var(--jp-ui-font-color1, #424242); cursor:help}}
+.nbtrain-side-title {{font-weight:600; margin:4px 0; white-space:nowrap}}
+.nbtrain-data-help {{font-size:12px; line-height:1.5; color:var(--jp-ui-font-color2, #616161);
+  margin:2px 0 0 {_LABEL_WIDTH}px}}
+.nbtrain-data-help summary {{cursor:pointer}}
+.nbtrain-side-title small {{font-weight:normal; color:var(--jp-ui-font-color2, #757575)}}
+.nbtrain-buttons {{margin:6px 0 2px {_LABEL_WIDTH + 8}px}}
+.nbtrain-status {{margin:4px 0 0 {_LABEL_WIDTH + 8}px; font-size:12px; line-height:1.4;
+  color:var(--jp-ui-font-color1, #424242)}}
+</style>"""
+# The comm target of the lab extension's "insert a cell" (labextension/src/tocell.ts).
+CELLS_TARGET: Final = "nbtrain.cells"
+
+
+def label_html(f: PanelField) -> str:
+    """A field's label: its words, with the YAML key and its help as the tooltip."""
+    title, text = html.escape(f.tooltip), html.escape(f.label or f.path)
+    return f"<label class='nbtrain-label' title='{title}'>{text}</label>"
+
+
+def _side_title(title: str, hint: str) -> str:
+    return f"<div class='nbtrain-side-title'>{html.escape(title)} <small>{html.escape(hint)}</small></div>"
 
 
 class ConfigPanel:
@@ -738,32 +988,61 @@ class ConfigPanel:
         self._by_path = {f.path: f for f in self.spec}
         self.preview_rows = preview_rows
         self.run: Run | None = None  # the run launched last from this panel
-        self.view: LiveView | None = None  # the live view of that run, shown in ``live``
-        self._view_stop = threading.Event()
+        self.view: Dashboard | None = None  # the dashboard of that run, shown in ``live``
+        self._watch_stop = threading.Event()
         self.status_message = ""
+        self.dom_class = f"nbtrain-panel-{uuid.uuid4().hex[:12]}"  # finds the panel's cell in the page
         self._set: set[str] = set()  # dropdowns the user (or the loaded config) set explicitly
+        self._touched: set[str] = set()  # fields the user changed, or a loaded config filled
+        self._reveal = False  # Launch was pressed: every problem shows, touched or not
         self._extra: dict[Any, Any] = {}  # keys the form has no field for, written back unchanged
         self._filling = False
         self._lock = threading.RLock()
-        self._field_errors: dict[str, str] = {}
+        self._problems: dict[str, str] = {}  # every field problem of the last check
+        self._all_general: list[str] = []  # and those without a field
+        self._field_errors: dict[str, str] = {}  # what shows of them
         self._general_errors: list[str] = []
+        self._frontend = False  # the lab extension answered: To cell inserts the cell through it
+        self._candidates_at = -math.inf
         self._action_error: str | None = None
         self._background: list[threading.Thread] = []
         self._preview_key: Any = None
         self._debouncer = _Debouncer(debounce, self._check, self._job_failed)
 
         self.fields: dict[str, Any] = {f.path: self._make_widget(f) for f in self.spec}
+        self.labels = {
+            f.path: widgets.HTML(label_html(f), layout=widgets.Layout(width=f"{_LABEL_WIDTH}px", margin="0"))
+            for f in self.spec
+        }
         self.error_labels = {f.path: widgets.HTML("") for f in self.spec}
         self.yaml_view = widgets.HTML("")
         self.error_area = widgets.HTML("")
         self.status_area = widgets.HTML("")
         self.preview = widgets.HTML("")
-        self.launch_button = widgets.Button(description="Launch", button_style="success", icon="play")
-        self.stop_button = widgets.Button(description="Stop", button_style="warning", icon="stop")
-        self.to_cell_button = widgets.Button(description="To cell", icon="clipboard")
-        self.load_ref = widgets.Text(placeholder="run id or name", layout=widgets.Layout(width="220px"))
-        self.load_button = widgets.Button(description="Load", icon="folder-open")
-        self.live = widgets.HTML("")
+        self.launch_button = widgets.Button(
+            description="Launch", button_style="success", icon="play", tooltip="check the config and start it"
+        )
+        self.stop_button = widgets.Button(
+            description="Stop",
+            button_style="warning",
+            icon="stop",
+            disabled=True,  # enabled while the run launched here is active
+            tooltip="stop the run launched here after its current step (it saves a checkpoint)",
+        )
+        self.to_cell_button = widgets.Button(
+            description="To cell", icon="clipboard", tooltip="insert a %%finetune cell with this config"
+        )
+        self.load_ref = widgets.Text(
+            placeholder="run id or name",
+            layout=widgets.Layout(flex="1 1 auto", width="auto", max_width="260px"),
+        )
+        self.load_button = widgets.Button(
+            description="Load",
+            icon="folder-open",
+            tooltip="fill the form with a run's config",
+            layout=widgets.Layout(flex="0 0 auto", width="84px"),
+        )
+        self.live = widgets.VBox([])  # the launched run's dashboard
         self.launch_button.on_click(self._guard(self._launch))
         self.stop_button.on_click(self._guard(self._stop))
         self.to_cell_button.on_click(self._guard(self._to_cell))
@@ -771,10 +1050,15 @@ class ConfigPanel:
         for f in self.spec:
             self.fields[f.path].observe(self._changed_handler(f.path), names="value")
         self.data_help = widgets.HTML("")
+        self.rows: dict[str, Any] = {}  # a field's label, box and error line
         self.groups = {g: self._group(g) for g in GROUPS}
         self.groups["Data"].children = (*self.groups["Data"].children, self.data_help)
         self.preset_note = widgets.HTML(preset_note_html(self.preset))
         self.widget = self._layout()
+        self.widget.add_class("nbtrain-panel")
+        self.widget.add_class(self.dom_class)
+        self._refresh_candidates(Path.cwd())
+        self._hello = self._open_comm({"action": "hello", "panel": self.dom_class}, self._on_hello)
 
         self._filling = True
         try:
@@ -790,16 +1074,17 @@ class ConfigPanel:
 
     # --------------------------------------------------------------------------------- building
     def _make_widget(self, f: PanelField) -> Any:
-        common: dict[str, Any] = {
-            "description": f.path,
-            "style": _LABEL_STYLE,
-            "layout": widgets.Layout(width="560px"),
-            "tooltip": f.help[:400] or None,
-        }
+        # No description: ipywidgets shows a tooltip only on a widget without one, so the label is a
+        # widget of its own (label_html) and the key and its help show on both.
+        common: dict[str, Any] = {"layout": widgets.Layout(width=_FIELD_WIDTH), "tooltip": f.tooltip}
         if f.kind == "choice":
-            w = widgets.Dropdown(options=[(str(c), c) for c in f.choices], value=f.default, **common)
+            w = widgets.Dropdown(options=f.options(), value=f.default, **common)
             w.disabled = len(f.choices) < 2
             return w
+        if f.kind == "path":  # typed freely, with what is on disk offered as it is typed
+            return widgets.Combobox(
+                value="", options=[], ensure_option=False, placeholder=f.placeholder, **common
+            )
         if f.choices:
             return widgets.Combobox(
                 value="",
@@ -811,33 +1096,50 @@ class ConfigPanel:
         return widgets.Text(value="", placeholder=f.placeholder, **common)
 
     def _group(self, name: str) -> Any:
-        rows = [
-            widgets.VBox([self.fields[f.path], self.error_labels[f.path]])
-            for f in self.spec
-            if f.group == name
-        ]
-        return widgets.VBox([widgets.HTML(f"<b>{name}</b>"), *rows])
+        for f in self.spec:
+            if f.group == name:
+                line = widgets.HBox(
+                    [self.labels[f.path], self.fields[f.path]], layout=widgets.Layout(align_items="center")
+                )
+                self.rows[f.path] = widgets.VBox([line, self.error_labels[f.path]])
+        return widgets.VBox([self.rows[f.path] for f in self.spec if f.group == name])
 
     def _layout(self) -> Any:
-        form = widgets.VBox([self.groups[g] for g in GROUPS], layout=widgets.Layout(width="600px"))
+        """The flow: one numbered step after another (model, method, data, hyperparameters, start), the
+        YAML and the data preview beside it, the launched run's dashboard below."""
+        self.steps: dict[str, Any] = {}
+        for n, (title, hint, groups) in enumerate(STEPS, 1):
+            head = widgets.HTML(
+                f"<div class='nbtrain-step-title'><span class='nbtrain-step-num'>{n}</span>"
+                f"{html.escape(title)}<span class='nbtrain-step-hint'>{html.escape(hint)}</span></div>"
+            )
+            children = [head, *(self.groups[g] for g in groups)]
+            if title == "Start":
+                buttons = widgets.HBox([self.launch_button, self.stop_button, self.to_cell_button])
+                buttons.add_class("nbtrain-buttons")
+                children += [self.error_area, buttons, self.status_area]
+            box = widgets.VBox(children)
+            box.add_class("nbtrain-step")
+            self.steps[title] = box
+        form = widgets.VBox(list(self.steps.values()), layout=widgets.Layout(width="580px", flex="0 0 auto"))
+        load = widgets.HBox([self.load_ref, self.load_button], layout=widgets.Layout(align_items="center"))
         side = widgets.VBox(
-            [widgets.HTML("<b>YAML</b> <small>(what a %%finetune cell would hold)</small>"), self.yaml_view],
-            layout=widgets.Layout(min_width="320px", flex="1 1 auto"),
+            [
+                widgets.HTML(_side_title("Start from a run", "fill the form with its config")),
+                load,
+                widgets.HTML(_side_title("YAML", "what a %%finetune cell would hold")),
+                self.yaml_view,
+                widgets.HTML(_side_title("Data preview", "the first rows as the model sees them")),
+                self.preview,
+            ],
+            layout=widgets.Layout(min_width="300px", flex="1 1 0", margin="0 10px 0 14px", overflow="hidden"),
         )
-        buttons = widgets.HBox(
-            [self.launch_button, self.stop_button, self.to_cell_button, self.load_ref, self.load_button]
-        )
-        preview = widgets.VBox([widgets.HTML("<b>Data preview</b>"), self.preview])
         return widgets.VBox(
             [
                 widgets.HTML(_CSS),
                 self.preset_note,
-                widgets.HBox([form, side]),
-                self.error_area,
-                buttons,
-                self.status_area,
+                widgets.HBox([form, side], layout=widgets.Layout(align_items="flex-start")),
                 self.live,
-                preview,
             ]
         )
 
@@ -854,7 +1156,11 @@ class ConfigPanel:
         """Stop the background checker and live view, and close the widgets (a kernel keeps every
         widget, with its layout and style, until it is closed)."""
         self._debouncer.close()
-        self._view_stop.set()
+        self._close_view()
+        for c in (self._hello,):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    c.close()
         todo = [self.widget]
         while todo:
             w = todo.pop()
@@ -910,6 +1216,8 @@ class ConfigPanel:
                     else:
                         self._extra[key] = value
                 self._apply_preset()
+                # what a loaded config holds was written by someone: its problems show at once
+                self._touched = {f.path for f in self.spec if self._read(f) is not UNSET}
             finally:
                 self._filling = False
         self._refresh()
@@ -934,16 +1242,16 @@ class ConfigPanel:
         w = self.fields[f.path]
         if f.kind == "choice":
             if value is UNSET:
-                w.options = [(str(c), c) for c in f.choices]
+                w.options = f.options()
                 w.value = f.default
                 self._set.discard(f.path)
                 return
             if not any(_same(value, c) for c in f.choices):
                 # Keep a value the form does not offer, so it is shown, validated and written back.
-                w.options = [*[(str(c), c) for c in f.choices], (f"{value!r} (not allowed)", value)]
+                w.options = [*f.options(), (f"{value!r} (not allowed)", value)]
             w.value = value
             self._set.add(f.path)
-        elif f.kind == "text":
+        elif f.kind in ("text", "path"):
             w.value = "" if value is UNSET else value if isinstance(value, str) else str(value)
         elif f.kind == "targets":
             w.value = format_targets(value)
@@ -958,7 +1266,7 @@ class ConfigPanel:
         if f.kind == "choice":
             v = w.value
             return v if f.path in self._set or not _same(v, f.default) else UNSET
-        if f.kind == "text":
+        if f.kind in ("text", "path"):
             return w.value.strip() or UNSET
         if f.kind == "targets":
             return parse_targets(w.value)
@@ -1014,6 +1322,7 @@ class ConfigPanel:
                 return
             if self._by_path[path].kind == "choice":
                 self._set.add(path)
+            self._touched.add(path)
             self._refresh()
 
         return changed
@@ -1038,13 +1347,14 @@ class ConfigPanel:
         they expect, and rewards: for grpo only."""
         objective = self.objective
         known = OBJECTIVES.get(objective) if isinstance(objective, str) else None
-        self.fields["rewards"].layout.display = "" if objective == "grpo" else "none"
+        self.rows["rewards"].layout.display = "" if objective == "grpo" else "none"
         if known is None:
             self.data_help.value = ""
             return
         f, w = self._by_path["data.format"], self.fields["data.format"]
         allowed = ["auto", *known.formats]
-        options = [(c, c) for c in allowed]
+        labels = {c: label for label, c in f.options()}
+        options = [(labels.get(c, c), c) for c in allowed]  # the objective's order: its first is preferred
         if not any(_same(w.value, c) for c in allowed):
             # Keep a format the objective does not take, so the validator's message shows on it.
             options.append((f"{w.value!r} (not for {objective})", w.value))
@@ -1058,12 +1368,14 @@ class ConfigPanel:
                 self._filling = filling
         w.disabled = len(f.choices) < 2
         rows = "".join(
-            f"<div><code>{html.escape(k)}</code>: <code>{html.escape(FORMAT_HELP[k])}</code></div>"
+            f"<div style='margin:2px 0 0 12px'><code>{html.escape(k)}</code>: "
+            f"<code>{html.escape(FORMAT_HELP[k])}</code></div>"
             for k in known.formats
         )
+        names = ", ".join(known.formats)
         self.data_help.value = (
-            f"<div style='font-size:12px;color:#555'>objective: {html.escape(objective)} trains on "
-            f"rows like:{rows}</div>"
+            f"<details class='nbtrain-data-help'><summary>objective: {html.escape(objective)} trains on "
+            f"rows like: {html.escape(names)}</summary>{rows}</details>"
         )
 
     def settle(self, timeout: float | None = 30.0) -> bool:
@@ -1075,8 +1387,18 @@ class ConfigPanel:
             ok = ok and not t.is_alive()
         return ok
 
+    def _refresh_candidates(self, base: Path) -> None:
+        """Offer the model folders and data files found on disk in the model and data boxes."""
+        self._candidates_at = time.monotonic()
+        for path, found in (("model", model_candidates(base)), ("data.train", data_candidates(base))):
+            w = self.fields.get(path)
+            if isinstance(w, widgets.Combobox) and list(w.options) != found:
+                w.options = found
+
     def _check(self, item: tuple[str, dict[str, Any], Path], gen: int) -> None:
         text, cfg, base = item
+        if time.monotonic() - self._candidates_at > CANDIDATES_EVERY:
+            self._refresh_candidates(base)
         problems = validate(text)
         key = (_preview_inputs(cfg, base), self.preview_rows)
         html_preview = None
@@ -1112,11 +1434,25 @@ class ConfigPanel:
                 general.append(f"{p.path or 'config'}: {p.message}")
             else:
                 by_field.setdefault(target, []).append(p.message)
-        self._field_errors = {k: "\n".join(v) for k, v in by_field.items()}
-        self._general_errors = general
+        with self._lock:
+            self._problems = {k: "\n".join(v) for k, v in by_field.items()}
+            self._all_general = general
+            self._show_problems()
+
+    def _shows(self, path: str) -> bool:
+        """Whether a field's problem shows: once Launch was pressed, once the user changed the field, or
+        while it holds a value; so an empty form opens without "required key is missing" everywhere."""
+        return self._reveal or path in self._touched or self._read(self._by_path[path]) is not UNSET
+
+    def _show_problems(self) -> None:
+        self._field_errors = {k: v for k, v in self._problems.items() if self._shows(k)}
+        started = self._reveal or bool(self._touched) or bool(self._extra)
+        self._general_errors = list(self._all_general) if started else []
         for path, label in self.error_labels.items():
             msg = self._field_errors.get(path)
-            label.value = f"<div style='{_ERROR_STYLE}'>{html.escape(msg)}</div>" if msg else ""
+            value = f"<div style='{_ERROR_STYLE}'>{html.escape(msg)}</div>" if msg else ""
+            if label.value != value:
+                label.value = value
             w = self.fields[path]
             if msg:
                 w.add_class("nbtrain-invalid")
@@ -1137,6 +1473,12 @@ class ConfigPanel:
         """Inline errors by field path (the validator's messages), as last shown."""
         with self._lock:
             return dict(self._field_errors)
+
+    @property
+    def problems(self) -> dict[str, str]:
+        """Every field's problem of the last check, shown or not yet (an untouched empty field's)."""
+        with self._lock:
+            return dict(self._problems)
 
     @property
     def general_errors(self) -> list[str]:
@@ -1164,54 +1506,81 @@ class ConfigPanel:
             self._action_error = error
             self._render_errors()
             if status is not None:
-                self.status_message = status
-                self.status_area.value = f"<div>{html.escape(status)}</div>"
+                self._say(status)
+
+    def _say(self, status: str) -> None:
+        with self._lock:
+            self.status_message = status
+            self.status_area.value = f"<div class='nbtrain-status'>{html.escape(status)}</div>"
 
     def _launch(self) -> None:
+        with self._lock:
+            self._reveal = True  # from now on every problem shows, touched or not
+            self._show_problems()
         text = self.to_yaml()
         try:
             prep = api.prepare(text)
         except ConfigError as e:
-            with self._lock:
-                self._apply_problems(e.problems)
+            self._apply_problems(e.problems)
             raise
         run = api.start(prep)
         self.run = run
-        self._follow(run)
+        self._show_run(run)
         self._action(None, f"started run {run.id} ({run.name})")
 
-    def _follow(self, run: Run) -> None:
-        """Show ``run``'s live view in the panel, kept current by a background thread until it ends.
+    def _show_run(self, run: Run) -> None:
+        """Show ``run``'s dashboard (the one a ``%%finetune`` cell shows) under the form, kept current by
+        its own thread, and keep Stop enabled while the run is active.
 
-        The view is an HTML widget rather than ``LiveView.show()`` in an ``Output`` widget: a click
-        handler's display lands in the Output, but the view thread's ``update_display_data`` messages
-        carry the click's parent header, and JupyterLab's Output model drops that message type, so
-        the view would freeze at its first frame. Widget value changes travel over the widget's comm.
+        The dashboard's widgets are children of the panel rather than ``display()``-ed from the click
+        handler: a display from a handler lands in whatever cell runs then, and its updates would carry
+        the click's parent header; widget values travel over each widget's own comm.
         """
-        self._view_stop.set()  # the previous run keeps running; only its view here stops
-        stop = threading.Event()
-        self._view_stop = stop
-        view = LiveView(run)
+        from nbtrain.ui.dashboard import Dashboard  # plotly loads on the first launch, not with the panel
+
+        self._close_view()  # the previous run goes on; only its view here stops
+        view = Dashboard(run)
+        view.refresh()  # builds its widgets
         self.view = view
-        self.live.value = view.render(view.poll())
+        self.live.children = (view.box,) if view.box is not None else ()
+        view.start()
+        self.stop_button.disabled = False
+        stop = threading.Event()
+        self._watch_stop = stop
         threading.Thread(
-            target=self._follow_loop, args=(view, stop), name=f"nbtrain-panel-live-{run.id}", daemon=True
+            target=self._watch, args=(run, stop), name=f"nbtrain-panel-watch-{run.id}", daemon=True
         ).start()
 
-    def _follow_loop(self, view: LiveView, stop: threading.Event) -> None:
+    def _watch(self, run: Run, stop: threading.Event) -> None:
+        """Until ``run`` ends: then Stop is disabled and the status line says how it ended."""
         try:
-            while not stop.wait(view.interval):
-                st = view.poll()
-                self.live.value = view.render(st)
-                if st.done:
-                    return
+            st = follow(run.status, interval=0.5, stop=stop, what=f"run {run.id}")
+        except FollowStopped:
+            return
         except Exception:  # noqa: BLE001 - a background thread has no cell: show it in the panel
-            self._action(f"the live view of run {view.run.id} stopped updating:\n{traceback.format_exc()}")
+            self._action(f"following run {run.id} failed:\n{traceback.format_exc()}")
+            return
+        if self.run is run:
+            self.stop_button.disabled = True
+            self._say(f"run {run.id}: {st.describe()}")
+
+    def _close_view(self) -> None:
+        self._watch_stop.set()
+        view, self.view = self.view, None
+        if view is not None:
+            view.close()
+        old, self.live.children = self.live.children, ()
+        todo = list(old)
+        while todo:
+            w = todo.pop()
+            todo.extend(getattr(w, "children", ()))
+            w.close()
 
     def _stop(self) -> None:
         run = self.run
         if run is None:
             raise NbtrainError("no run was launched from this panel yet; Launch one first")
+        self.stop_button.disabled = True  # one request is enough; the run winds down in the background
         self._action(None, f"stopping run {run.id} (it finishes its step and saves a checkpoint)…")
         # Run.stop waits for the worker to exit (up to its timeout): do that off the kernel thread.
         t = threading.Thread(
@@ -1229,6 +1598,28 @@ class ConfigPanel:
             self._action(f"stopping run {run.id} failed:\n{traceback.format_exc()}")
         else:
             self._action(None, f"run {run.id}: {st.describe()}")
+        if self.run is run and not run.status().done:
+            self.stop_button.disabled = False  # it did not stop: let the user try again
+
+    # ------------------------------------------------------------------------------------ To cell
+    # In JupyterLab and Notebook 7 the lab extension inserts the cell at once (labextension/src/tocell.ts):
+    # the panel says hello on a comm when it is made, and once the extension has answered, To cell sends
+    # the cell's text on a new comm. Elsewhere (no extension, another frontend) IPython's set_next_input
+    # is what there is, and a notebook applies that only when the next cell runs: the panel says so.
+
+    def _open_comm(self, data: dict[str, Any], on_msg: Callable[[dict[str, Any]], None]) -> Any:
+        """A comm to the frontend's ``nbtrain.cells`` target; outside a kernel, comm's inert stand-in."""
+        try:
+            from comm import create_comm
+        except ImportError:  # no kernel stack at all
+            return None
+        c = create_comm(target_name=CELLS_TARGET, data=data)
+        c.on_msg(on_msg)
+        return c
+
+    def _on_hello(self, msg: dict[str, Any]) -> None:
+        if msg.get("content", {}).get("data", {}).get("ready"):
+            self._frontend = True
 
     def _to_cell(self) -> None:
         from IPython import get_ipython
@@ -1236,9 +1627,29 @@ class ConfigPanel:
         shell = get_ipython()
         if shell is None:
             raise NbtrainError("'To cell' needs IPython or Jupyter; copy the YAML shown above instead")
-        shell.set_next_input("%%finetune\n" + self.to_yaml(), replace=False)
+        # the cell is a %%finetune cell: make sure the magic exists in this kernel (%load_ext nbtrain)
+        shell.extension_manager.load_extension("nbtrain")
+        source = "%%finetune\n" + self.to_yaml()
+        if self._frontend:
+            self._open_comm(
+                {"action": "insert", "panel": self.dom_class, "source": source}, self._on_inserted
+            )
+            self._action(None, "inserting a %%finetune cell below the panel…")
+            return
+        shell.set_next_input(source, replace=False)
         # Jupyter delivers this with the reply of the next executed cell; say so, or it looks lost.
-        self._action(None, "a new %%finetune cell with this config follows the next cell you run")
+        self._action(
+            None,
+            "a new %%finetune cell with this config follows the next cell you run (the nbtrain "
+            "JupyterLab extension, which inserts it at once, is not active in this frontend)",
+        )
+
+    def _on_inserted(self, msg: dict[str, Any]) -> None:
+        data = msg.get("content", {}).get("data", {})
+        if "inserted" in data:
+            self._action(None, "a %%finetune cell with this config is below the panel: run it to start")
+        else:
+            self._action(f"the notebook could not insert the cell: {data.get('error', data)}")
 
     def _load(self) -> None:
         ref = self.load_ref.value.strip()
@@ -1276,12 +1687,9 @@ def _preview_inputs(cfg: Mapping[str, Any], base: Path) -> tuple[Any, ...]:
 
 
 def validate(text: str) -> list[Problem]:
-    """The validator's problems with ``text`` (empty when it is valid)."""
-    try:
-        load_config(text, preset=find_preset())
-    except ConfigError as e:
-        return list(e.problems)
-    return []
+    """What would stop ``text`` from launching (empty when Launch would start it): the one validation
+    entry every surface uses, so the form shows exactly the messages Launch would raise."""
+    return validate_config(text)
 
 
 def preset_fields(spec: list[PanelField], preset: Preset | None) -> list[PanelField]:

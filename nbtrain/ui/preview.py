@@ -9,8 +9,14 @@ imported only when a histogram is drawn.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from nbtrain.control.preview import preview_data
+from nbtrain.control.runs.run import Run
 
 PRE = "white-space:pre-wrap;margin:0;font-family:monospace;font-size:12px"
 MASKED_STYLE = "color:#9e9e9e;text-decoration:line-through"
@@ -111,22 +117,112 @@ def preview_html(p: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+def _tallest(lengths: Sequence[int], size: int) -> int:
+    counts: dict[int, int] = {}
+    for v in lengths:
+        counts[v // size] = counts.get(v // size, 0) + 1
+    return max(counts.values(), default=1)
+
+
 def length_histogram(p: Mapping[str, Any]) -> Any:
-    """A Plotly histogram of tokens per example, with max_length marked."""
+    """A Plotly histogram of tokens per example, with max_length marked.
+
+    The bins follow the lengths measured (at least one token wide), so equal lengths make one visible bar;
+    max_length far beyond every example is named at the chart's edge rather than stretching the axis to
+    it (which would leave the bars a sliver at the left)."""
     import plotly.graph_objects as go
 
-    fig = go.Figure(go.Histogram(x=p["lengths"], name="examples", marker_color="#1565c0"))
-    max_length = p.get("max_length")
-    if max_length is not None:
-        fig.add_vline(
-            x=max_length, line_dash="dash", line_color="#c62828", annotation_text=f"max_length {max_length}"
+    from nbtrain.ui.figures import COLORS, MUTED, STATE_COLORS, THEME
+
+    lengths = [int(v) for v in p["lengths"]]
+    lo, hi = (min(lengths), max(lengths)) if lengths else (0, 1)
+    size = max(1, math.ceil((hi - lo + 1) / 40))
+    fig = go.Figure(
+        go.Histogram(
+            x=lengths,
+            name="examples",
+            marker={"color": COLORS["loss"], "line": {"color": "white", "width": 1}},
+            xbins={"start": lo - 0.5, "end": hi + size + 0.5, "size": size},
+            hovertemplate="%{x} tokens: <b>%{y}</b> examples<extra></extra>",
         )
+    )
+    # the bars, with room for a few bins either side
+    pad = max(3 * size, (hi - lo) * 0.05)
+    x_range = [max(0.0, lo - pad), hi + size + pad]
+    max_length = p.get("max_length")
+    red = STATE_COLORS["failed"]
+    if max_length is not None and max_length <= x_range[1] + (x_range[1] - x_range[0]) * 0.5:
+        x_range[1] = max(x_range[1], max_length + pad)
+        fig.add_vline(
+            x=max_length, line={"dash": "dash", "color": red, "width": 1.5},
+            annotation={"text": f"max_length {max_length}", "font": {"color": red, "size": 11}},
+        )  # fmt: skip
+    elif max_length is not None:
+        fig.add_annotation(
+            text=f"max_length {max_length} →", xref="paper", yref="paper", x=1, y=1, xanchor="right",
+            yanchor="bottom", showarrow=False, font={"color": MUTED, "size": 11},
+        )  # fmt: skip
     fig.update_layout(
-        title=f"tokens per example ({p['stats']['rows']} rows)",
-        xaxis_title="tokens",
-        yaxis_title="examples",
+        template=THEME,
+        title={"text": f"<b>tokens per example</b> ({p['stats']['rows']} rows)", "font": {"size": 14}},
+        xaxis={"title": {"text": "tokens"}, "range": x_range},
+        # whole examples: no 0.5 ticks
+        yaxis={"title": {"text": "examples"}, "dtick": max(1, math.ceil(_tallest(lengths, size) / 5))},
         height=300,
-        margin={"l": 50, "r": 20, "t": 40, "b": 40},
-        bargap=0.05,
+        margin={"l": 56, "r": 24, "t": 48, "b": 44},
+        bargap=0.08,
+        showlegend=False,
     )
     return fig
+
+
+@dataclass
+class DataPreview:
+    """What ``nbtrain.preview`` returns: ``data`` is the worker's JSON (examples as (text, trained)
+    segments, ``stats``, ``lengths``); shown as HTML with a Plotly histogram of tokens per example."""
+
+    data: dict[str, Any]
+    source: str  # the run id, or "config"
+
+    @property
+    def examples(self) -> list[dict[str, Any]]:
+        return list(self.data["examples"])
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return dict(self.data["stats"])
+
+    def text(self) -> str:
+        return preview_text(self.data)
+
+    def html(self) -> str:
+        return preview_html(self.data)
+
+    def figure(self) -> Any:
+        return length_histogram(self.data)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        # HTML with the plain-text rendering as its fallback (a terminal, a plain-text export).
+        display({"text/html": self.html(), "text/plain": self.text()}, raw=True)
+        display(self.figure())
+
+
+def preview(
+    config: str | Path | Mapping[str, Any] | Run,
+    n: int = 5,
+    *,
+    stats_rows: int = 2000,
+    timeout: float = 600.0,
+) -> DataPreview:
+    """The first ``n`` training examples as the trainer tokenises them (trained tokens marked) and
+    token-length statistics over the first ``stats_rows`` rows; see nbtrain.control.preview.preview_data."""
+    data, source = preview_data(config, n, stats_rows=stats_rows, timeout=timeout)
+    return DataPreview(data, source)

@@ -2,28 +2,68 @@
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbtrain.rundir import read_jsonl
-from nbtrain.runs import Run, RunStatus
+import numpy as np
+
+from nbtrain.control.runs import registry
+from nbtrain.control.runs.metrics import JsonlTail, MetricsTail
+from nbtrain.control.runs.run import Run, RunStatus
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
+# The last records of a metrics file: a step logs a few hundred bytes, so this holds the last ~1000 steps.
+TAIL_BYTES = 256_000
+
+
+def _last_value(reader: JsonlTail, key: str) -> float | None:
+    last: float | None = None
+    for rec in reader.records():
+        value = rec.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            last = float(value)
+        elif value is None and key in (rec.get("nonfinite") or ()):
+            last = math.nan  # written as null, named in "nonfinite" (the loss went NaN or infinite)
+    return last
+
+
 def last_metric(run: Run, key: str = "loss") -> float | None:
-    for rec in reversed(read_jsonl(run.paths.metrics)):
-        if key in rec:
-            return float(rec[key])
-    return None
+    """The last logged value of ``key``, or None (never logged, or metrics.jsonl cannot be read: a FIFO or a
+    link in its place). Read from the file's last ``TAIL_BYTES``, in bounded chunks; further back only when
+    no record there has ``key``, still without holding more than a line (a ``max_line``) at a time."""
+    try:
+        reader = JsonlTail(run.paths.metrics, below=run.dir)
+        reader.start_at_tail(TAIL_BYTES)
+        from_start = reader.offset == 0
+        found = _last_value(reader, key)
+        if found is None and not from_start:
+            found = _last_value(JsonlTail(run.paths.metrics, below=run.dir), key)
+    except OSError:  # NotRegularFile, or a file this user may not read: the table still lists the run
+        return None
+    return found
+
+
+def created_time(run: Run, registered: dict[str, float] | None = None) -> float | None:
+    """When the run was created: the registry's time, else the time in its id (``20250101-093000-...``,
+    local time, as ``new_run_id`` writes it); None when neither is known. Never a file's time: those change
+    (a resume rewrites resolved.json; ctime is the last change of the directory)."""
+    if registered is None:
+        registered = {row.id: row.created for row in registry.find(run.id)}
+    return registered.get(run.id) or registry.id_time(run.id)
 
 
 def runs_table(runs: list[Run]) -> pd.DataFrame:
     import pandas as pd
 
+    registered = {row.id: row.created for row in registry.rows()} if runs else {}
     rows: list[dict[str, Any]] = []
     for r in runs:
+        created = created_time(r, registered)
         st = r.status()
         rows.append(
             {
@@ -32,7 +72,7 @@ def runs_table(runs: list[Run]) -> pd.DataFrame:
                 "state": st.state,
                 "step": f"{st.step}/{st.max_steps}" if st.max_steps else str(st.step),
                 "loss": last_metric(r),
-                "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.paths.root.stat().st_ctime)),
+                "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if created else "",
                 "dir": str(r.dir),
             }
         )
@@ -53,3 +93,48 @@ def status_text(run: Run, st: RunStatus | None = None, log_lines: int = 20) -> s
         lines.append(f"  last lines of {run.paths.rank_log(0)}:")
         lines += ["    " + ln for ln in tail.splitlines()[-log_lines:]]
     return "\n".join(lines)
+
+
+def number(v: float | None) -> str:
+    """A metric for a line of text: 4 decimals, or 3 significant digits when very small or large."""
+    if v is None:
+        return ""
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    if v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e4):
+        return f"{v:.3g}"
+    return f"{v:.4f}".rstrip("0").rstrip(".")
+
+
+def progress_line(run: Run, st: RunStatus, loss: float | None) -> str:
+    """One line of a run's progress, as a terminal follows it."""
+    return f"{run.id}: {st.describe()}" + (f" loss {number(loss)}" if loss is not None else "")
+
+
+def compare_table(runs: Sequence[Run], key: str = "loss") -> pd.DataFrame:
+    """``key`` of several runs side by side (first, last and lowest value, at which steps): what the
+    compare chart of a notebook shows, for a terminal."""
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = []
+    for r in runs:
+        tail = MetricsTail(r)
+        tail.poll()
+        s = tail.series(key)
+        lowest = None
+        if s is not None:
+            finite = np.flatnonzero(np.isfinite(s.y))  # a diverged run logs nan: not its lowest value
+            lowest = int(finite[s.y[finite].argmin()]) if len(finite) else None
+        rows.append(
+            {
+                "id": r.id,
+                "name": r.name,
+                "state": r.status().state,
+                "steps": None if tail.last_step is None else int(tail.last_step),
+                f"first {key}": tail.first.get(key),
+                f"last {key}": tail.last.get(key),
+                f"min {key}": None if s is None or lowest is None else float(s.y[lowest]),
+                f"min {key} at step": None if s is None or lowest is None else int(s.x[lowest]),
+            }
+        )
+    return pd.DataFrame(rows)

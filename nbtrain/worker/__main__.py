@@ -14,8 +14,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from nbtrain.rundir import RunPaths, read_json, write_status
-from nbtrain.worker.control import LogCap, StopControl
+from nbtrain.contract.rundir import RunPaths, holds_inherited_lock, lock_run, read_json, write_status
+from nbtrain.contract.tracking import requested, tracking_env
+from nbtrain.worker.control import LogCap, MemoryGuard, StopControl
+from nbtrain.worker.download import download_hub_files
+from nbtrain.worker.failure import failure_message
 from nbtrain.worker.lean import hidden_import_hint, hide_unused_packages
 
 
@@ -23,15 +26,15 @@ def recipe_for(resolved: dict[str, Any]) -> Any:
     """The recipe class of the run's ``objective:`` (runs from before objectives existed are SFT)."""
     objective = resolved["config"].get("objective", "sft")
     if objective == "sft":
-        from nbtrain.worker.sft import SFTRecipe
+        from nbtrain.worker.recipes.sft import SFTRecipe
 
         return SFTRecipe
     if objective in ("dpo", "orpo", "kto"):
-        from nbtrain.worker.preference import PreferenceRecipe
+        from nbtrain.worker.recipes.preference import PreferenceRecipe
 
         return PreferenceRecipe
     if objective == "grpo":
-        from nbtrain.worker.grpo import GRPORecipe
+        from nbtrain.worker.recipes.grpo import GRPORecipe
 
         return GRPORecipe
     raise ValueError(f"objective {objective!r} has no recipe in this nbtrain")
@@ -40,13 +43,28 @@ def recipe_for(resolved: dict[str, Any]) -> Any:
 def use_trackers(paths: RunPaths, resolved: dict[str, Any]) -> None:
     """Point the trackers of ``train: report_to`` into the run directory (before the Trainer exists),
     and name their run after this one unless ``train: run_name`` does."""
-    from nbtrain.tracking import requested, tracking_env
-
     args = resolved.get("train_args") or {}
     if not requested(args.get("report_to")):
         return
     os.environ.update(tracking_env(paths.root, args["report_to"]))
     args.setdefault("run_name", str(resolved.get("id") or paths.root.name))
+
+
+_LOCK: list[int] = []  # the run's lock, when this process took it itself: held until it exits
+
+
+def hold_run_lock(paths: RunPaths) -> bool:
+    """One writer per run directory. Started by nbtrain, this process (or the launcher above it, for the
+    ranks of a multi-process run) was handed the lock; started by hand, it takes the lock itself."""
+    if holds_inherited_lock(paths):
+        return True
+    if "LOCAL_RANK" in os.environ or "RANK" in os.environ:
+        return True  # a rank: the launcher that started it holds the lock
+    fd = lock_run(paths)
+    if fd is None:
+        return False
+    _LOCK.append(fd)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(Path(argv[0]).resolve())
     stop = StopControl(paths)
     rank = int(os.environ.get("RANK", "0"))
+    if not hold_run_lock(paths):
+        print(f"nbtrain worker: {paths.root} is being trained by another process (its lock is held); "
+              "not starting a second writer", file=sys.stderr, flush=True)  # fmt: skip
+        return 3
     if "LOCAL_RANK" in os.environ or "RANK" in os.environ:
         # Under a launcher each rank writes its own log (the launcher's output goes to launcher.log).
         paths.logs.mkdir(parents=True, exist_ok=True)
@@ -75,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     if rank == 0:
         write_status(paths, "starting", pid=os.getpid())
+    MemoryGuard(paths, rank).start()  # after "starting": a failure it writes is the last word
     hidden: list[str] = []
     try:
         resolved = read_json(paths.resolved)
@@ -82,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if hidden:
             print(f"nbtrain: not loaded (this run does not use them): {', '.join(hidden)}", flush=True)
         use_trackers(paths, resolved)
+        download_hub_files(paths, resolved, report=rank == 0)  # Hub model and data files, bytes in status
         recipe = recipe_for(resolved)(paths, resolved, stop)
         recipe.setup()
         outcome = recipe.train()
@@ -91,17 +115,17 @@ def main(argv: list[str] | None = None) -> int:
         hint = hidden_import_hint(e, hidden)
         if hint:
             tb += hint + "\n"
+        message, file = failure_message(e)  # the cause and the file it happened on, where they can be told
         print(tb, file=sys.stderr, flush=True)
-        write_status(
-            paths,
-            "failed",
-            error={
-                "type": type(e).__name__,
-                "message": (f"{e}. {hint}" if hint else str(e))[:4000],
-                "traceback": tb[-8000:],
-                "rank": rank,
-            },
-        )
+        error = {
+            "type": type(e).__name__,
+            "message": (f"{message}. {hint}" if hint else message)[:4000],
+            "traceback": tb[-8000:],
+            "rank": rank,
+        }
+        if file is not None:
+            error["file"] = file
+        write_status(paths, "failed", error=error)
         return 1
     print(f"nbtrain worker: {outcome}", flush=True)
     return 0

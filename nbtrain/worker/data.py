@@ -9,30 +9,106 @@ does the same lazily, so rows are read as training consumes them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
-from nbtrain.formats import RowError, detect_format, is_conversational, show_row, to_example
-from nbtrain.objectives import OBJECTIVES
+from nbtrain.contract.formats import (
+    RowError,
+    detect_format,
+    is_conversational,
+    jsonl_lines,
+    show_row,
+    to_example,
+)
+from nbtrain.contract.objectives import OBJECTIVES
 
 
 class DataError(ValueError):
     pass
 
 
-def load_raw(location: str, kind: str, *, split: str | None = None, streaming: bool = False) -> Any:
+def load_raw(
+    location: str,
+    kind: str,
+    *,
+    split: str | None = None,
+    streaming: bool = False,
+    data_files: str | list[str] | None = None,
+) -> Any:
     import datasets
 
     if kind in ("jsonl", "json", "csv", "parquet"):
         builder = "json" if kind in ("jsonl", "json") else kind
-        return datasets.load_dataset(builder, data_files=location, split="train", streaming=streaming)
+        if kind == "jsonl":
+            check_lines(location)
+        try:
+            return datasets.load_dataset(builder, data_files=location, split="train", streaming=streaming)
+        except Exception as e:  # datasets wraps every reader's error: name the file and the row
+            raise DataError(unreadable(location, kind, e)) from e
     if kind == "disk":
         ds = datasets.load_from_disk(location)
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[split or "train"]
         # Arrow files on disk are memory-mapped already; as an iterable they are read in order, lazily.
         return ds.to_iterable_dataset() if streaming else ds
-    return datasets.load_dataset(location, split=split or "train", streaming=streaming)
+    return datasets.load_dataset(location, split=split or "train", data_files=data_files, streaming=streaming)
+
+
+# A row with more brackets than this is parsed once more to make sure it is not nested too deeply for the
+# readers below (pyarrow's JSON reader crashes the process on a row nested 100k deep).
+_BRACKETS = 1000
+
+
+def check_lines(location: str) -> None:
+    """Every line of a local JSON-lines file within the row bound, UTF-8 and not nested too deeply, before
+    ``datasets`` reads it: its JSON reader takes invalid UTF-8 silently (and fails only when a row is used,
+    far from the file) and dies on a row nested 100k deep. One pass at readline speed; only a line with
+    over ``_BRACKETS`` brackets is parsed here."""
+    import json
+
+    name = os.path.basename(location)
+    try:
+        for lineno, line in jsonl_lines(location):
+            if line.count("[") + line.count("{") > _BRACKETS:
+                try:
+                    json.loads(line)
+                except RecursionError:
+                    raise DataError(
+                        f"line {lineno} of {name} is nested too deeply to read; rows are flat objects of "
+                        f"text fields (or lists of messages)"
+                    ) from None
+                except ValueError:
+                    pass  # not JSON: datasets says so, and unreadable() names the line
+    except RowError as e:
+        raise DataError(str(e)) from None
+
+
+def unreadable(location: str, kind: str, error: BaseException) -> str:
+    """What to say when ``datasets`` cannot read a local file: the file, for JSON lines the first line that
+    is not JSON, and the underlying cause (datasets wraps it in its own error)."""
+    import json
+
+    cause: BaseException = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
+    name = os.path.basename(location)
+    if kind == "jsonl":
+        try:
+            for lineno, line in jsonl_lines(location):
+                try:
+                    if line.strip():
+                        json.loads(line)
+                except RecursionError:
+                    return f"line {lineno} of {name} is nested too deeply to read; rows are flat objects"
+                except ValueError as e:
+                    return f"line {lineno} of {name} is not valid JSON ({e}); fix or drop it"
+        except RowError as e:
+            return str(e)
+    return (
+        f"cannot read {location} as {kind}: {type(cause).__name__}: {str(cause)[:300]} (is it truncated or "
+        f"corrupt? write it again)"
+    )
 
 
 def is_streaming(ds: Any) -> bool:
@@ -80,11 +156,6 @@ def convert(
     remove = [] if fmt == "prompt" else columns
     kwargs: dict[str, Any] = {} if is_streaming(ds) else {"desc": None}
     return ds.map(one, with_indices=True, remove_columns=remove, **kwargs), fmt
-
-
-def normalise(ds: Any, fmt: str, *, max_samples: int | None = None) -> tuple[Any, str]:
-    """Convert every row to the SFT form; raise DataError naming the first bad row."""
-    return convert(ds, fmt, "sft", max_samples=max_samples)
 
 
 def rename_columns(ds: Any, columns: Mapping[str, str] | None) -> Any:
@@ -147,7 +218,10 @@ def load_train(
     for i, src in enumerate(sources):
         name = src.get("spec") or src["location"]
         label = name if len(sources) > 1 else ""
-        raw = load_raw(src["location"], src["kind"], split=src.get("split"), streaming=streaming)
+        raw = load_raw(
+            src["location"], src["kind"], split=src.get("split"), streaming=streaming,
+            data_files=src.get("data_files"),
+        )  # fmt: skip
         raw = rename_columns(raw, src.get("columns") or d.get("columns"))
         # The kernel resolved each source's format from a sample; a hub source says "auto".
         src_fmt = src.get("format") or "auto"

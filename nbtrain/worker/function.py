@@ -12,8 +12,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from nbtrain import runlog
-from nbtrain.rundir import RunPaths, tail_text, write_status
+from nbtrain.contract.pickles import read_trusted
+from nbtrain.contract.rundir import RunPaths, tail_text, write_status
+from nbtrain.worker import runlog
 from nbtrain.worker.control import LogCap
 
 
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import cloudpickle
 
-        fn, args = cloudpickle.loads((paths.root / "function.pkl").read_bytes())
+        # only a pickle this user owns and nobody else can write (nbtrain.contract.pickles)
+        fn, args = cloudpickle.loads(read_trusted(paths.root / "function.pkl"))
         fn(*args)
     except BaseException as e:  # noqa: BLE001 - recorded in status.json for every reader
         tb = traceback.format_exc()

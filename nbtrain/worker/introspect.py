@@ -21,7 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from nbtrain.objectives import OBJECTIVES
+from nbtrain.contract.objectives import OBJECTIVES
 
 
 def _classify(tp: Any) -> tuple[set[str], list[str] | None, bool]:

@@ -81,7 +81,7 @@ def hidden_import_hint(error: BaseException, hidden: list[str]) -> str | None:
 def hide_for_run(run_dir: Path, *, keep: tuple[str, ...] = (), label: str = "nbtrain") -> list[str]:
     """hide_unused_packages for a process that works on a finished run (serve, export, eval): what the
     run's resolved.json says it does not use, less ``keep``; says on stdout what was left out."""
-    from nbtrain.rundir import RunPaths, read_json
+    from nbtrain.contract.rundir import RunPaths, read_json
 
     try:
         resolved = read_json(RunPaths(run_dir).resolved)

@@ -22,7 +22,9 @@ def compute_dtype(plan: dict[str, Any]) -> Any:
 def load_tokenizer(cfg: dict[str, Any]) -> Any:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg["model"], trust_remote_code=cfg["trust_remote_code"])
+    tok = AutoTokenizer.from_pretrained(
+        cfg["model"], trust_remote_code=cfg["trust_remote_code"], revision=cfg.get("revision")
+    )
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -71,7 +73,8 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     method = cfg["method"]
-    kwargs: dict[str, Any] = {"trust_remote_code": cfg["trust_remote_code"]}
+    # revision: a Hub model's branch, tag or commit (absent from older run directories: the default)
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg["trust_remote_code"], "revision": cfg.get("revision")}
     on_gpu = plan["device"] == "cuda"
     if method == "qlora":
         kwargs["quantization_config"] = quantization_config(cfg, plan)
@@ -111,7 +114,7 @@ def report_trainable(model: Any, method: str) -> None:
 
 
 def trl_class(path: str) -> Any:
-    """A TRL class from "module:Class" (nbtrain.objectives); trl.experimental warns on import, which
+    """A TRL class from "module:Class" (nbtrain.contract.objectives); trl.experimental warns on import, which
     would only repeat in every run log what the objective's docs already say."""
     module, name = path.split(":")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nbtrain.rundir import COMPLETE_MARKER, RunPaths, read_json
+from nbtrain.contract.rundir import RunPaths, latest_complete_checkpoint, read_json
 
 DTYPES = {
     "float32": "float32",
@@ -30,26 +30,19 @@ class NoTrainedWeights(Exception):
 
 
 def trained_weights_dir(run_dir: str | Path) -> Path:
-    """``output/`` of a completed run, else the newest checkpoint marked complete; raises
+    """``output/`` of a completed run, else the newest complete checkpoint; raises
     NoTrainedWeights (with the fix) when there is neither."""
     paths = RunPaths(Path(run_dir))
     if (paths.output / "adapter_config.json").exists() or (paths.output / "config.json").exists():
         return paths.output
-    best: tuple[int, Path] | None = None
-    for d in paths.checkpoints.glob("checkpoint-*"):
-        try:
-            step = int(d.name.split("-", 1)[1])
-        except ValueError:
-            continue
-        if (d / COMPLETE_MARKER).exists() and (best is None or step > best[0]):
-            best = (step, d)
+    best = latest_complete_checkpoint(paths)
     if best is None:
         raise NoTrainedWeights(
             f"run {paths.root.name} has no trained weights yet: no output/ and no complete checkpoint "
             f"in {paths.checkpoints}; wait for the run to finish, or ask it for a checkpoint "
             f"(%finetune checkpoint RUN) and try again"
         )
-    return best[1]
+    return best
 
 
 def torch_dtype(name: str | None, default: Any) -> Any:
@@ -86,13 +79,18 @@ def load_tuned(
     weights = None if base else trained_weights_dir(paths.root)
 
     tok_src = weights if weights is not None and (weights / "tokenizer_config.json").exists() else None
-    tok = AutoTokenizer.from_pretrained(str(tok_src or cfg["model"]), trust_remote_code=trust)
+    revision = None if tok_src else cfg.get("revision")  # a Hub base at the run's revision
+    tok = AutoTokenizer.from_pretrained(
+        str(tok_src or cfg["model"]), trust_remote_code=trust, revision=revision
+    )
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust}
     # The model's own weights: the run's full fine-tune, or the base a LoRA adapter goes on.
     source = str(weights) if method == "full" and weights is not None else cfg["model"]
+    if source == cfg["model"]:
+        kwargs["revision"] = cfg.get("revision")
     quantised = method == "qlora" and dtype is None
     if quantised:
         kwargs["quantization_config"] = quantization_config(cfg, plan)  # as in training

@@ -1,36 +1,67 @@
 """The sidebar and status bar in a real JupyterLab (headless chromium), on run directories written the way
-a worker writes them: every state, progress, loss and its sparkline, ordering, Stop through the REST API."""
+a worker writes them: every state, progress, loss and its sparkline, grouping, filter and folding, what
+each card shows (id, start time, folder) and which actions it offers, Stop / Resume / Delete through the
+REST API, the status bar's tooltip and click; then the same sidebar in Jupyter Notebook 7's left panel.
+
+NBTRAIN_UPDATE_SCREENSHOTS=1 writes the sidebar's picture to docs/screenshots/sidebar.png (otherwise it stays
+in the test's folder under test-output/browser/)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nbtrain.contract.rundir import lock_run, write_status
+from nbtrain.hardware import probe
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
-from tests.server.fakes import make_run
+from tests.conftest import ROOT
+from tests.ui.server.fakes import make_run
 
 pytestmark = pytest.mark.browser
 
+DOCS = ROOT / "docs" / "screenshots"
 
-def test_sidebar_lists_a_run_and_stops_it(lab: tuple[str, str], tmp_path: Path, shots: Path) -> None:
+# Notebook 7.6's own settings loader throws this on its file browser page, with nbtrain disabled as well.
+NOTEBOOK_OWN_ERRORS = ("Cannot read properties of undefined (reading 'schema')",)
+
+
+def test_sidebar_lists_groups_filters_stops_resumes_and_deletes_runs(
+    lab: tuple[str, str], tmp_path: Path, shots: Path
+) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     url, token = lab
-    make_run("20250101-000000-demo-abcd", state="running", step=4, losses=(2.0, 1.5, 1.25))
-    make_run("20250101-000001-done-beef", state="completed", step=10, losses=(0.5,))
+    make_run("20250101-000000-demo-abcd", name="demo", state="running", step=4, losses=(2.0, 1.5, 1.25))
+    make_run("20250101-000001-done-beef", name="done", state="completed", step=10, losses=(0.5,))
+    # Two runs of one name: told apart by their ids and start times.
+    sweep_a = make_run("20250102-090000-sweep-aaaa", name="sweep", state="stopped", step=4, checkpoint=4)
+    diverged = make_run("20250102-100000-sweep-bbbb", name="sweep", state="failed", step=2)
+    error = {"type": "NonFiniteTraining", "message": "the loss became nan at step 2, before any checkpoint"}
+    write_status(diverged, "failed", step=2, max_steps=10, error=error)
+    fetching = make_run("20250101-000002-hub-cafe", name="hub", state="starting")
+    download = {"repo": "org/big", "done": 3.1e9, "total": 15.2e9, "rate": 40e6, "files": 9}
+    write_status(fetching, "starting", phase="downloading model", download=download)
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        # Drawn at twice the pixels: the sidebar's picture is the one in docs/screenshots/.
+        page = browser.new_page(viewport={"width": 1280, "height": 1000}, device_scale_factor=2)
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(f"{url}/lab?token={token}")
-        page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click(timeout=60_000)
+        tab = page.locator('.jp-SideBar [data-id="nbtrain-runs"]')
+        tab.click(timeout=60_000)
 
-        row = page.locator('.nbtrain-run[data-run-id="20250101-000000-demo-abcd"]')
+        def card(run_id: str) -> Any:
+            return page.locator(f'.nbtrain-run[data-run-id="{run_id}"]')
+
+        row = card("20250101-000000-demo-abcd")
         expect(row).to_be_visible(timeout=20_000)
         expect(row.locator(".nbtrain-state")).to_have_text("running")
         expect(row.locator(".nbtrain-steps")).to_have_text("step 4/10")
@@ -39,22 +70,126 @@ def test_sidebar_lists_a_run_and_stops_it(lab: tuple[str, str], tmp_path: Path, 
         assert float(width.rstrip("%")) == 40
         spark = row.locator(".nbtrain-spark path").get_attribute("d") or ""
         assert spark.startswith("M0.0 1.0") and spark.count("L") == 2  # three losses, highest first
-        done = page.locator('.nbtrain-run[data-run-id="20250101-000001-done-beef"]')
-        expect(done.locator(".nbtrain-stop")).to_be_disabled()
-        # Newest run first.
+        starting = card("20250101-000002-hub-cafe")
+        expect(starting.locator(".nbtrain-steps")).to_have_text(
+            "downloading model org/big 3.1 / 15.2 GB, 40.0 MB/s"
+        )
+        # Active runs first, then the finished ones; newest first in each group.
         ids = page.locator(".nbtrain-run").evaluate_all("rows => rows.map(r => r.dataset.runId)")
-        assert ids == ["20250101-000001-done-beef", "20250101-000000-demo-abcd"]
-        expect(page.locator(".nbtrain-status")).to_have_text("nbtrain: 1 active run")
+        assert ids == [
+            "20250101-000002-hub-cafe",
+            "20250101-000000-demo-abcd",
+            "20250102-100000-sweep-bbbb",
+            "20250102-090000-sweep-aaaa",
+            "20250101-000001-done-beef",
+        ]
+        expect(page.locator(".nbtrain-group-active .nbtrain-group-count")).to_have_text("2")
+        expect(page.locator(".nbtrain-group-finished .nbtrain-group-count")).to_have_text("3")
+
+        # What a card says: its id, when it started and the folder it is in.
+        stopped, failed = card("20250102-090000-sweep-aaaa"), card("20250102-100000-sweep-bbbb")
+        expect(stopped.locator(".nbtrain-run-name")).to_have_text("sweep")
+        expect(failed.locator(".nbtrain-run-name")).to_have_text("sweep")
+        expect(stopped.locator(".nbtrain-run-id")).to_have_text("20250102-090000-sweep-aaaa")
+        expect(stopped.locator(".nbtrain-run-time")).to_have_text(re.compile(r"^started today \d\d:\d\d$"))
+        expect(stopped.locator(".nbtrain-run-folder")).to_have_text("in runs")
+
+        # The actions a card offers follow its state: none of a running run's on a finished one.
+        for name in ("stop", "checkpoint", "open"):
+            expect(row.locator(f".nbtrain-{name}")).to_be_visible()
+        for name in ("resume", "delete"):
+            expect(row.locator(f".nbtrain-{name}")).to_be_hidden()
+        done = card("20250101-000001-done-beef")
+        for name in ("stop", "checkpoint", "resume"):
+            expect(done.locator(f".nbtrain-{name}")).to_be_hidden()
+        expect(done.locator(".nbtrain-delete")).to_be_visible()
+        expect(stopped.locator(".nbtrain-resume")).to_be_visible()
+        expect(failed.locator(".nbtrain-resume")).to_be_hidden()  # it failed before any checkpoint: says so
+        expect(failed.locator(".nbtrain-run-note")).to_have_text("Cannot resume: no checkpoint saved")
+        expect(starting.locator(".nbtrain-checkpoint")).to_be_hidden()  # nothing to save before training
+
+        # The status bar: active runs; its tooltip says there is no GPU in words, not NVML's.
+        status = page.locator(".nbtrain-status")
+        expect(status).to_have_text("nbtrain: 2 active runs")
+        if not probe().gpus:
+            title = status.get_attribute("title") or ""
+            assert title.startswith("No NVIDIA GPU on this machine") and "NVML" not in title
         page.screenshot(path=str(shots / "sidebar.png"))
+        page.locator("#nbtrain-runs").screenshot(path=str(shots / "sidebar-panel.png"))
+
+        # Filter: every word must match (name, id, state or folder).
+        box = page.locator(".nbtrain-filter")
+        box.fill("sweep")
+        expect(page.locator(".nbtrain-run")).to_have_count(2)
+        box.fill("sweep failed")
+        expect(page.locator(".nbtrain-run")).to_have_count(1)
+        expect(page.locator(".nbtrain-run")).to_have_attribute("data-run-id", "20250102-100000-sweep-bbbb")
+        box.fill("nothing-like-it")
+        expect(page.locator(".nbtrain-message")).to_have_text("No run matches “nothing-like-it”.")
+        box.fill("")
+        # The finished runs fold away and back.
+        toggle = page.locator(".nbtrain-group-toggle")
+        toggle.click()
+        expect(done).to_be_hidden()
+        expect(row).to_be_visible()
+        page.screenshot(path=str(shots / "sidebar-folded.png"))
+        toggle.click()
+        expect(done).to_be_visible()
+
+        # A click on the status bar opens the sidebar when it is closed.
+        tab.click()
+        expect(page.locator("#nbtrain-runs")).to_be_hidden()
+        status.click()
+        expect(page.locator("#nbtrain-runs")).to_be_visible()
 
         # Stop goes through ServerConnection, so it carries the XSRF header the server checks on POST.
         row.locator(".nbtrain-stop").click()
         expect(row.locator(".nbtrain-state")).to_have_text("stopped", timeout=20_000)
-        expect(page.locator(".nbtrain-status")).to_have_text("nbtrain: 0 active runs")
-        page.screenshot(path=str(shots / "sidebar-stopped.png"))
+        expect(row).not_to_contain_text("Stopping")
+        expect(row.locator(".nbtrain-stop")).to_be_hidden()
+        expect(status).to_have_text("nbtrain: 1 active run")
+
+        # Resume refused, said in a dialog: here another process holds the run's writer lock.
+        fd = lock_run(sweep_a)
+        assert fd is not None
+        try:
+            stopped.locator(".nbtrain-resume").click()
+            dialog = page.locator(".jp-Dialog")
+            expect(dialog).to_contain_text("Could not resume run sweep", timeout=20_000)
+            expect(dialog).to_contain_text("is being written by another process")
+            page.screenshot(path=str(shots / "sidebar-resume-refused.png"))
+            dialog.locator(".jp-Dialog-button").last.click()
+        finally:
+            os.close(fd)
+        expect(stopped.locator(".nbtrain-state")).to_have_text("stopped")
+
+        # Delete asks first; the run's folder goes to runs/.trash/ and its card goes.
+        done.locator(".nbtrain-delete").click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text("Delete run “done”?")
+        expect(dialog).to_contain_text("runs/.trash/")
+        page.screenshot(path=str(shots / "sidebar-delete.png"))
+        dialog.locator(".jp-mod-warn").click()
+        expect(done).to_have_count(0, timeout=20_000)
+        page.screenshot(path=str(shots / "sidebar-after.png"))
+
+        # Jupyter Notebook 7: the same sidebar, in its left panel (View > Left Sidebar > Show Training runs).
+        page.goto(f"{url}/tree?token={token}")
+        page.locator(".lm-MenuBar-itemLabel", has_text="View").click(timeout=60_000)
+        page.locator(".lm-Menu-item", has_text="Left Sidebar").click()
+        page.locator(".lm-Menu-item", has_text="Show Training runs").click()
+        expect(page.locator("#nbtrain-runs")).to_be_visible()
+        expect(card("20250102-090000-sweep-aaaa").locator(".nbtrain-state")).to_have_text("stopped")
+        expect(page.locator(".nbtrain-run")).to_have_count(4)
+        page.screenshot(path=str(shots / "notebook7-sidebar.png"))
         browser.close()
-    assert not errors, errors
-    status: dict[str, Any] = json.loads(
+    assert not [e for e in errors if e not in NOTEBOOK_OWN_ERRORS], errors
+    if os.environ.get("NBTRAIN_UPDATE_SCREENSHOTS"):
+        DOCS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shots / "sidebar-panel.png", DOCS / "sidebar.png")
+    status_file: dict[str, Any] = json.loads(
         (tmp_path / "runs" / "20250101-000000-demo-abcd" / "status.json").read_text()
     )
-    assert status["state"] == "stopped"
+    assert status_file["state"] == "stopped" and status_file["stop_reason"] == "sidebar"
+    assert (tmp_path / "runs" / ".trash" / "20250101-000001-done-beef" / "status.json").is_file()
+    assert not (tmp_path / "runs" / "20250101-000001-done-beef").exists()

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from nbtrain.ui.dashboard import PLOTLY_MIME, WIDGET_MIME, Dashboard
-from tests.ui.test_tail import RunFiles
+from nbtrain.ui.figures import FIGURE_WIDTH, STATE_COLORS
+from tests.control.runs.test_metrics import RunFiles
 
 TIMEOUT = 10.0
 
@@ -30,16 +31,28 @@ def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT) -> None:
         time.sleep(0.01)
 
 
-def trace(dash: Dashboard, name: str) -> Any:
+def trace(dash: Dashboard, name: str, kind: str = "metric") -> Any:
+    """The widget's trace of metric ``name`` (found by its key, as tools would)."""
     assert dash.fig is not None
-    return next(t for t in dash.fig.data if t.name == name)
+    return next(t for t in dash.fig.data if tuple(t.meta) == (kind, name))
+
+
+def title(dash: Dashboard) -> str:
+    assert dash.fig is not None
+    return str(dash.fig.layout.title.text)
+
+
+def bar(dash: Dashboard) -> Any:
+    """The progress bar under the title."""
+    assert dash.fig is not None
+    return next(s for s in dash.fig.layout.shapes if s.name == "progress")
 
 
 class FakeHandle:
     def __init__(self, bundle: dict[str, Any]) -> None:
         self.bundles = [bundle]
 
-    def update(self, bundle: dict[str, Any], raw: bool = False) -> None:
+    def update(self, bundle: dict[str, Any], raw: bool = False, metadata: Any = None) -> None:
         assert raw
         self.bundles.append(bundle)
 
@@ -49,7 +62,9 @@ def displayed(monkeypatch: pytest.MonkeyPatch) -> list[FakeHandle]:
     """What the dashboard displays, as a frontend would receive it (display and update_display)."""
     handles: list[FakeHandle] = []
 
-    def display(bundle: dict[str, Any], raw: bool = False, display_id: bool = False) -> FakeHandle:
+    def display(
+        bundle: dict[str, Any], raw: bool = False, display_id: bool = False, metadata: Any = None
+    ) -> FakeHandle:
         assert raw and display_id
         json.dumps(bundle)  # a display bundle must be JSON: numpy arrays would break the kernel's send
         handles.append(FakeHandle(bundle))
@@ -85,10 +100,11 @@ def test_thread_updates_the_figure_widget_as_lines_are_appended(files: RunFiles,
     # series that appear later get traces of their own
     files.sample(0, 11.0, gpu_mem_peak=2.0 * 2**30)
     files.step(11, eval_loss=1.25)
-    wait_for(lambda: dash.fig is not None and any(t.name == "eval_loss" for t in dash.fig.data))
+    wait_for(lambda: dash.fig is not None and any(t.name == "eval loss" for t in dash.fig.data))
     assert list(trace(dash, "eval_loss").y) == [1.25]
-    wait_for(lambda: dash.fig is not None and any(t.name == "rank 0 GPU peak" for t in dash.fig.data))
-    wait_for(lambda: dash.header is not None and "step 11/40" in dash.header.value)
+    wait_for(lambda: dash.fig is not None and any(t.name == "GPU peak" for t in dash.fig.data))
+    wait_for(lambda: "step 11/40" in title(dash))
+    assert bar(dash).x1 == pytest.approx(11 / 40)
     assert dash.error is None
 
 
@@ -96,7 +112,7 @@ def _synced_loss(dash: Dashboard) -> list[float]:
     """The loss values in the state a browser view created now would draw (plotly's _widget_data)."""
     assert dash.fig is not None
     data = dash.fig._widget_data
-    return next((list(t["y"]) for t in data if t.get("name") == "loss"), [])
+    return next((list(t["y"]) for t in data if tuple(t.get("meta", ())) == ("metric", "loss")), [])
 
 
 def test_a_view_created_late_draws_the_current_data_not_the_initial_state(
@@ -117,6 +133,41 @@ def test_a_view_created_late_draws_the_current_data_not_the_initial_state(
     assert len(_synced_loss(dash)) == 5
 
 
+def test_before_the_first_step_the_widget_shows_the_phase_then_the_charts(
+    files: RunFiles, dash: Dashboard
+) -> None:
+    files.status("starting", phase="loading model")
+    dash.start()
+    wait_for(lambda: dash.fig is not None and any(a.name == "phase" for a in dash.fig.layout.annotations))
+    assert dash.fig is not None
+    (phase,) = [a for a in dash.fig.layout.annotations if a.name == "phase"]
+    assert "loading model" in phase.text and dash.fig.layout.xaxis.visible is False
+    assert "starting" in title(dash) and "loading model" in title(dash)
+    files.status("running", step=2, max_steps=40)
+    files.steps(1, 3)
+    wait_for(lambda: len(trace(dash, "loss").x) == 2)
+    wait_for(lambda: not any(a.name == "phase" for a in dash.fig.layout.annotations))
+    assert dash.fig.layout.xaxis.visible is True and "step 2/40" in title(dash)
+
+
+def test_the_live_figure_and_the_static_one_it_turns_into_have_one_size(
+    files: RunFiles, dash: Dashboard, displayed: list[FakeHandle]
+) -> None:
+    files.steps(1, 6)
+    dash.show()
+    assert dash.fig is not None
+    live = dash.fig.layout
+    files.status("completed", step=5)
+    assert dash.thread is not None
+    dash.thread.join(TIMEOUT)
+    static = displayed[0].bundles[-1][PLOTLY_MIME]["layout"]
+    # set, not left to the frontend (a widget is drawn 700 px wide, a static figure as wide as its output)
+    assert (static["height"], static["width"]) == (live.height, live.width) == (780, FIGURE_WIDTH)
+    assert static["margin"] == live.margin.to_plotly_json()
+    assert static["title"]["y"] == live.title.y  # the same header in the same place, title and bar
+    assert static["template"] == live.template.to_plotly_json()
+
+
 def test_no_update_is_sent_while_nothing_changes(files: RunFiles, dash: Dashboard) -> None:
     files.steps(1, 4)
     dash.start()
@@ -127,19 +178,19 @@ def test_no_update_is_sent_while_nothing_changes(files: RunFiles, dash: Dashboar
 
 
 @pytest.mark.parametrize(
-    ("state", "error", "bar"),
+    ("state", "error", "color"),
     [
-        ("completed", None, "success"),
+        ("completed", None, STATE_COLORS["completed"]),
         (
             "failed",
             {"type": "OutOfMemoryError", "message": "CUDA out of memory", "log_tail": "Traceback…"},
-            "danger",
+            STATE_COLORS["failed"],
         ),
-        ("stopped", None, "warning"),
+        ("stopped", None, STATE_COLORS["stopped"]),
     ],
 )
 def test_thread_stops_after_a_final_update_when_the_run_ends(
-    files: RunFiles, dash: Dashboard, state: str, error: dict[str, Any] | None, bar: str
+    files: RunFiles, dash: Dashboard, state: str, error: dict[str, Any] | None, color: str
 ) -> None:
     files.steps(1, 6)
     dash.start()
@@ -152,10 +203,11 @@ def test_thread_stops_after_a_final_update_when_the_run_ends(
     assert not dash.thread.is_alive()
     assert dash.finished and dash.error is None
     assert len(trace(dash, "loss").x) == 8
-    assert dash.header is not None and state in dash.header.value
-    assert dash.progress is not None and dash.progress.bar_style == bar and dash.progress.value == 8
+    assert state in title(dash) and "step 8/40" in title(dash)
+    assert bar(dash).fillcolor == color and bar(dash).x1 == pytest.approx(8 / 40)
+    assert dash.notes is not None
     if error:
-        assert "CUDA out of memory" in dash.header.value and "Traceback…" in dash.header.value
+        assert "CUDA out of memory" in dash.notes.value and "Traceback…" in dash.notes.value
 
 
 def test_an_error_in_the_update_thread_is_shown_in_the_header_and_kept(
@@ -179,8 +231,8 @@ def test_an_error_in_the_update_thread_is_shown_in_the_header_and_kept(
     dash.thread.join(TIMEOUT)
     assert not dash.thread.is_alive()
     assert dash.error is not None and "RuntimeError: disk went away" in dash.error
-    assert dash.header is not None
-    assert "live view stopped by an error" in dash.header.value and "disk went away" in dash.header.value
+    assert dash.notes is not None
+    assert "live view stopped by an error" in dash.notes.value and "disk went away" in dash.notes.value
 
 
 def test_follow_blocks_until_the_run_ends_and_returns_its_final_status(
@@ -229,16 +281,17 @@ def test_close_stops_the_thread(files: RunFiles, dash: Dashboard) -> None:
     assert len(trace(dash, "loss").x) == 0
 
 
-def test_show_displays_the_widget_with_static_fallbacks_then_leaves_a_static_final_figure(
+def test_show_displays_the_widget_with_a_static_snapshot_then_leaves_a_static_final_figure(
     files: RunFiles, dash: Dashboard, displayed: list[FakeHandle]
 ) -> None:
     files.steps(1, 4)
     dash.show()
-    (handle,) = displayed
+    handle, snap, guard = displayed  # the widget, the snapshot shown without it, the style between
     first = handle.bundles[0]
     assert dash.box is not None
-    assert first[WIDGET_MIME]["model_id"] == dash.box.model_id
-    assert PLOTLY_MIME in first and "text/html" in first and "text/plain" in first
+    assert first[WIDGET_MIME]["model_id"] == dash.box.model_id and PLOTLY_MIME not in first
+    assert PLOTLY_MIME in snap.bundles[0] and WIDGET_MIME not in snap.bundles[0]
+    assert "<style>" in guard.bundles[0]["text/html"] and "nbtrain-live-" in dash.notes.value
     files.steps(4, 8)
     files.status("completed", step=7)
     assert dash.thread is not None
@@ -249,6 +302,7 @@ def test_show_displays_the_widget_with_static_fallbacks_then_leaves_a_static_fin
     assert loss["x"]["dtype"] == "f8"  # plotly's typed-array encoding
     assert "completed" in final[PLOTLY_MIME]["layout"]["title"]["text"]
     assert "cdn.plot.ly" in final["text/html"]
+    assert snap.bundles[-1]["text/html"] == guard.bundles[-1]["text/html"] == ""
     # the widgets are closed: their models are freed in the kernel and the frontend
     assert dash.fig is not None and dash.fig.comm is None and dash.box.comm is None
     assert len(trace(dash, "loss").x) == 7
@@ -274,7 +328,7 @@ def test_showing_a_long_finished_run_returns_at_once_and_loads_it_in_the_backgro
     files.status("completed", step=2000)
     dash = Dashboard(files.run, interval=0.02, chunk_bytes=20_000)
     dash.show()
-    (handle,) = displayed
+    handle = displayed[0]
     assert WIDGET_MIME in handle.bundles[0]  # still loading: live until the history is complete
     assert 0 < len(trace(dash, "loss").x) < 2000
     assert dash.thread is not None
@@ -304,7 +358,7 @@ def test_static_mode_redisplays_the_figure_without_widgets(
 
 def test_importing_the_dashboard_does_not_import_the_training_stack() -> None:
     code = (
-        "import sys, nbtrain.ui.dashboard, nbtrain.ui.figures, nbtrain.ui.tail\n"
+        "import sys, nbtrain.ui.dashboard, nbtrain.ui.figures, nbtrain.control.runs.metrics\n"
         "print([m for m in ('torch', 'transformers', 'bitsandbytes', 'peft', 'trl') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -314,8 +368,8 @@ def test_importing_the_dashboard_does_not_import_the_training_stack() -> None:
 NOTEBOOK_SETUP = """\
 import math, time
 from pathlib import Path
-from nbtrain.rundir import JsonlWriter, RunPaths, atomic_write_json, write_status
-from nbtrain.runs import Run
+from nbtrain.contract.rundir import JsonlWriter, RunPaths, atomic_write_json, write_status
+from nbtrain.control.runs.run import Run
 from nbtrain.ui.dashboard import Dashboard
 p = RunPaths(Path({root!r})); p.make()
 atomic_write_json(p.resolved, {{"config": {{}}, "name": "headless"}})
@@ -345,7 +399,8 @@ def test_notebook_executed_headless_keeps_a_static_figure_of_the_final_state(tmp
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(textwrap.dedent(c)) for c in cells])
     nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
-    (out,) = nb.cells[0].outputs
+    out, *emptied = nb.cells[0].outputs  # the snapshot and the guard emptied at the end
+    assert [o["data"]["text/html"] for o in emptied] == ["", ""]
     assert WIDGET_MIME not in out["data"]
     fig = out["data"][PLOTLY_MIME]
     assert "completed" in fig["layout"]["title"]["text"] and "step 40/40" in fig["layout"]["title"]["text"]

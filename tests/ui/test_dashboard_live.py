@@ -33,6 +33,15 @@ def test_headless_notebook_keeps_a_figure_with_every_logged_step(workdir: Path) 
     loss = next(t for t in fig["data"] if t["name"] == "loss")
     logged = nbtrain.get_run("dash").metrics()["step"][nbtrain.get_run("dash").metrics()["loss"].notna()]
     assert trace_x(loss) == [float(s) for s in logged]
+    # nbclient sees the updates made from the wait cell: no widget reference, the record completed
+    assert not any("application/vnd.jupyter.widget-view+json" in o["data"] for o in outputs)
+    (record,) = [o["data"] for o in outputs if "application/vnd.nbtrain.run+json" in o["data"]]
+    assert record["application/vnd.nbtrain.run+json"]["state"] == "completed"
+    assert "completed at step 25/25" in record["text/plain"]
+    # the cell's result (the run) says no state that would go stale under the dashboard's final one
+    (result,) = [o for o in nb.cells[1].outputs if o["output_type"] == "execute_result"]
+    shown = " ".join(str(v) for v in result["data"].values())
+    assert "dash" in shown and not any(w in shown for w in ("queued", "starting", "running", "step 0"))
 
 
 def test_other_cells_run_promptly_while_the_dashboard_updates(workdir: Path) -> None:

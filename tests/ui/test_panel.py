@@ -7,19 +7,21 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, get_args
 
+import ipywidgets as widgets
 import pytest
 import yaml
 
-from nbtrain import api
-from nbtrain.config import DistributedSettings, load_config
-from nbtrain.errors import ConfigError
-from nbtrain.runs import Run, create_run_dir
-from nbtrain.testing import CHAT_TEMPLATE, write_dataset
-from nbtrain.trainargs import sft_fields
+from nbtrain.contract.errors import ConfigError
+from nbtrain.control import start as api
+from nbtrain.control.config.schema import DistributedSettings, load_config
+from nbtrain.control.config.trainargs import sft_fields
+from nbtrain.control.runs.run import Run, create_run_dir
+from nbtrain.examples import CHAT_TEMPLATE, write_dataset
+from nbtrain.ui.dashboard import Dashboard
 from nbtrain.ui.panel import (
     UNSET,
     ConfigPanel,
@@ -46,10 +48,65 @@ def _fill_basic(p: ConfigPanel) -> None:
 # ------------------------------------------------------------------------------------ YAML from form
 
 
-def test_empty_form_marks_model_and_data_as_required(make_panel: type[ConfigPanel]) -> None:
+REQUIRED = {"model": "required key is missing", "data.train": "required key is missing"}
+
+
+def test_an_empty_form_opens_without_errors_and_shows_them_once_launch_is_pressed(
+    make_panel: type[ConfigPanel],
+) -> None:
     p = _settled(make_panel())
-    assert p.errors == {"model": "required key is missing", "data.train": "required key is missing"}
+    assert p.errors == {} and p.general_errors == [] and p.problems == REQUIRED
+    assert all(label.value == "" for label in p.error_labels.values())
+    assert "nbtrain-invalid" not in p.fields["model"]._dom_classes
+    p.launch_button.click()
+    assert p.run is None and p.errors == REQUIRED
     assert "required key is missing" in p.error_labels["model"].value
+    assert "nbtrain-invalid" in p.fields["model"]._dom_classes
+
+
+def test_a_field_shows_its_error_once_the_user_touched_it(make_panel: type[ConfigPanel]) -> None:
+    p = make_panel()
+    p.fields["model"].value = "./x"
+    p.fields["model"].value = ""  # typed, then cleared: now it is the user's missing value
+    assert _settled(p).errors == {"model": "required key is missing"}
+    assert p.error_labels["data.train"].value == ""  # never touched: still quiet
+
+
+def test_fields_have_human_labels_and_the_yaml_key_in_the_tooltip(make_panel: type[ConfigPanel]) -> None:
+    p = make_panel()
+    for f in p.spec:
+        assert f.label and "." not in f.label and "_" not in f.label, f
+        assert f">{html.escape(f.label)}</label>" in p.labels[f.path].value
+        assert f"title='{html.escape(f.path)}" in p.labels[f.path].value  # the key, then its help
+        assert p.fields[f.path].tooltip.startswith(f.path)
+    assert ">Batch size per device<" in p.labels["train.per_device_train_batch_size"].value
+    assert "The batch size per device" in p.labels["train.per_device_train_batch_size"].value
+
+
+def test_the_form_is_the_guided_flow_model_method_data_hyperparameters_start(
+    make_panel: type[ConfigPanel],
+) -> None:
+    p = make_panel()
+    assert list(p.steps) == ["Model", "Method", "Data", "Hyperparameters", "Start"]
+    form = p.widget.children[2].children[0]
+    assert list(form.children) == list(p.steps.values())
+
+    def inside(box: Any) -> set[Any]:
+        out, todo = set(), [box]
+        while todo:
+            w = todo.pop()
+            out.add(w)
+            todo.extend(getattr(w, "children", ()))
+        return out
+
+    where = {path: next(t for t, box in p.steps.items() if w in inside(box)) for path, w in p.fields.items()}
+    assert where["model"] == "Model"
+    assert where["method"] == where["objective"] == where["lora.r"] == where["quantization.bits"] == "Method"
+    assert where["data.train"] == where["data.format"] == "Data"
+    assert where["train.learning_rate"] == where["train.optim"] == where["precision"] == "Hyperparameters"
+    assert where["name"] == "Start"
+    start = inside(p.steps["Start"])
+    assert {p.launch_button, p.stop_button, p.to_cell_button} <= start
 
 
 def test_yaml_holds_only_the_fields_that_were_set_in_schema_order(
@@ -133,9 +190,41 @@ def test_distributed_strategy_offers_the_schemas_strategies_and_writes_only_a_ch
     assert errors["distributed.strategy"].startswith("method: qlora cannot combine with zero3 here")
 
 
-def test_lr_scheduler_suggestions_come_from_sft_config(make_panel: type[ConfigPanel]) -> None:
+@pytest.mark.parametrize("key", ["lr_scheduler_type", "optim"])
+def test_transformers_enums_are_dropdowns_of_their_values_written_only_when_picked(
+    workdir: Path, make_panel: type[ConfigPanel], key: str
+) -> None:
+    spec = sft_fields()[key]  # the enum's values, read from the shipped snapshot (no torch in the kernel)
+    p = make_panel(lora_yaml(3))
+    w = p.fields[f"train.{key}"]
+    assert isinstance(w, widgets.Dropdown)
+    assert tuple(v for _, v in w.options) == spec.choices and w.value == spec.default
+    assert (f"{spec.default} (default)", spec.default) in w.options
+    assert key not in p.to_dict()["train"]
+    pick = next(c for c in spec.choices if c != spec.default and "8bit" not in c)
+    w.value = pick
+    assert p.to_dict()["train"][key] == pick
+
+
+def test_model_and_data_boxes_offer_the_model_folders_and_data_files_found_here(
+    workdir: Path, make_panel: type[ConfigPanel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub = workdir / "hfcache"
+    (hub / "models--org--tiny").mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    (workdir / "data" / "more.csv").write_text("text\nhello\n")
+    (workdir / "data" / "notes.txt").write_text("not data")
+    (workdir / "data" / ".hidden.jsonl").write_text("{}\n")
+    (workdir / "runs" / "r1").mkdir(parents=True)  # the runs root: its jsonl files are not data
+    (workdir / "runs" / "r1" / "metrics.jsonl").write_text("{}\n")
     p = make_panel()
-    assert tuple(p.fields["train.lr_scheduler_type"].options) == sft_fields()["lr_scheduler_type"].choices
+    model, data = p.fields["model"], p.fields["data.train"]
+    assert isinstance(model, widgets.Combobox) and isinstance(data, widgets.Combobox)
+    assert list(model.options) == ["./tiny-llama", "org/tiny"]
+    assert list(data.options) == ["data/add.jsonl", "data/more.csv"]  # not the model's own .json files
+    data.value = "data/more.csv"  # any text is still accepted: a Hub id, a path not listed
+    model.value = "org/other"
+    assert p.to_dict()["model"] == "org/other" and p.to_dict()["data"]["train"] == "data/more.csv"
 
 
 @pytest.mark.parametrize(
@@ -189,13 +278,13 @@ def test_missing_data_file_marks_the_data_field(workdir: Path, make_panel: type[
 def test_bad_lr_scheduler_is_rejected_inline_then_cleared_when_fixed(
     workdir: Path, make_panel: type[ConfigPanel]
 ) -> None:
-    p = make_panel(lora_yaml(5))
-    p.fields["train.lr_scheduler_type"].value = "cosine_restarts"
+    p = make_panel(lora_yaml(5, extra="  lr_scheduler_type: cosine_restarts\n"))  # a value from YAML
+    assert p.fields["train.lr_scheduler_type"].value == "cosine_restarts"  # kept, shown, flagged
     errors = _settled(p).errors
     expected = {x.path: x.message for x in validate(p.to_yaml())}
     assert errors == expected
     assert errors["train.lr_scheduler_type"].startswith(
-        "'cosine_restarts' is not valid for lr_scheduler_type"
+        "'cosine_restarts' is not a value lr_scheduler_type takes; did you mean cosine_with_restarts?"
     )
     p.fields["train.lr_scheduler_type"].value = "cosine_with_restarts"
     assert _settled(p).errors == {} and p.general_errors == []
@@ -448,12 +537,16 @@ def test_preview_template_matches_transformers_apply_chat_template(tiny_model: P
 # ----------------------------------------------------------------------------------------- buttons
 
 
-def _wait_for_live_view(p: ConfigPanel, state: str, timeout: float = 15) -> None:
-    """The panel's live view follows the run from its own thread (one update a second)."""
+def _wait_for(what: str, check: Callable[[], bool], timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
-    while f">{state}</span>" not in p.live.value:
-        assert time.monotonic() < deadline, p.live.value
+    while not check():
+        assert time.monotonic() < deadline, what
         time.sleep(0.2)
+
+
+def _loss_points(p: ConfigPanel) -> int:
+    fig = p.view.fig if p.view is not None else None
+    return sum(len(t.y if t.y is not None else ()) for t in (fig.data if fig else ()) if t.name == "loss")
 
 
 def _wait_for_step(run: Run, timeout: float = 180) -> None:
@@ -470,18 +563,23 @@ def _wait_for_step(run: Run, timeout: float = 180) -> None:
 @pytest.mark.slow
 def test_launch_starts_a_real_run_that_completes(workdir: Path, make_panel: type[ConfigPanel]) -> None:
     p = make_panel(lora_yaml(3))
+    assert p.stop_button.disabled  # nothing to stop yet
     p.launch_button.click()
     assert p.general_errors == []
     run = p.run
     assert run is not None
     assert run.paths.config.read_text() == p.to_yaml()  # the run records the panel's YAML as written
-    assert p.view is not None and p.view.run == run
+    # the dashboard a %%finetune cell shows, as widgets inside the panel, following the run by itself
+    assert isinstance(p.view, Dashboard) and p.view.run == run
+    assert p.live.children == (p.view.box,) and p.view.fig in p.view.box.children
     assert run.id in p.status_message
+    assert not p.stop_button.disabled  # the run is active
     st = run.wait(timeout=180)
     assert st.state == "completed" and st.step == 3
     assert api.last_run() == run
-    _wait_for_live_view(p, "completed")
-    assert "loss" in p.live.value
+    _wait_for("the dashboard's loss curve", lambda: _loss_points(p) == 3)
+    _wait_for("Stop disabled once the run ended", lambda: p.stop_button.disabled)
+    assert "completed" in p.status_message
 
 
 @pytest.mark.slow
@@ -491,14 +589,17 @@ def test_stop_ends_a_long_run_as_stopped(workdir: Path, make_panel: type[ConfigP
     run = p.run
     assert run is not None, p.general_errors
     _wait_for_step(run)
+    assert not p.stop_button.disabled
     started = time.monotonic()
     p.stop_button.click()
     assert time.monotonic() - started < 5, "Stop must not block the kernel while the run winds down"
+    assert p.stop_button.disabled  # pressed once: the run is stopping
     assert p.settle(120)
     assert run.status().state == "stopped"
     assert p.general_errors == []
     assert "stopped" in p.status_message
-    _wait_for_live_view(p, "stopped")
+    assert p.stop_button.disabled
+    _wait_for("the dashboard's final state", lambda: p.view is not None and p.view.finished)
 
 
 def test_launch_of_an_invalid_config_shows_errors_and_starts_nothing(
@@ -513,9 +614,10 @@ def test_launch_of_an_invalid_config_shows_errors_and_starts_nothing(
     assert api.runs() == []
 
 
-def test_stop_without_a_launched_run_says_so(make_panel: type[ConfigPanel]) -> None:
+def test_stop_without_a_launched_run_is_disabled_and_says_so(make_panel: type[ConfigPanel]) -> None:
     p = make_panel()
-    p.stop_button.click()
+    assert p.stop_button.disabled
+    p.stop_button.click()  # from code a disabled button still calls its handler
     assert p.general_errors == ["no run was launched from this panel yet; Launch one first"]
 
 
@@ -534,18 +636,18 @@ def shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         InteractiveShell.clear_instance()
 
 
-def test_to_cell_puts_a_finetune_cell_in_the_next_input(
+def test_to_cell_without_the_lab_extension_falls_back_to_the_next_input_and_says_so(
     workdir: Path, make_panel: type[ConfigPanel], shell: Any
 ) -> None:
-    from nbtrain.magics import load_ipython_extension
-
     p = make_panel(lora_yaml(3))
+    assert "finetune" not in shell.magics_manager.magics["cell"]
     p.to_cell_button.click()
     assert p.general_errors == []
     text = shell.rl_next_input
     assert text == "%%finetune\n" + p.to_yaml()
-    # the cell it makes is one the magic accepts
-    load_ipython_extension(shell)
+    assert "follows the next cell you run" in p.status_message and "extension" in p.status_message
+    # the cell it makes is one the magic accepts, and the magic is there (To cell loaded the extension)
+    assert "finetune" in shell.magics_manager.magics["cell"]
     result = shell.run_cell(text.replace("%%finetune", "%%finetune --dry-run", 1))
     assert result.error_in_exec is None and isinstance(result.result, api.Prepared)
 
@@ -615,7 +717,7 @@ def test_panel_imports_no_torch_transformers_or_bitsandbytes(workdir: Path) -> N
 def test_lab_preset_locks_fixed_fields_limits_choices_and_flags_a_broken_rule(
     workdir: Path, make_panel: type[ConfigPanel]
 ) -> None:
-    from nbtrain.preset import PRESET_FILE
+    from nbtrain.control.config.preset import PRESET_FILE
 
     preset = workdir / PRESET_FILE
     preset.write_text(

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from nbtrain.objectives import OBJECTIVES
-from nbtrain.testing import write_dataset
+from nbtrain.contract.objectives import OBJECTIVES
+from nbtrain.examples import write_dataset
 from nbtrain.ui.panel import ConfigPanel, data_preview, preview_html
 
 
@@ -24,13 +24,13 @@ def test_objective_choice_narrows_formats_and_shows_the_expected_rows(
     assert [v for _, v in p.fields["objective"].options] == list(OBJECTIVES)
     assert p.fields["objective"].value == "sft" and "objective" not in p.to_dict()
     assert formats(p) == ["auto", "messages", "alpaca", "sharegpt", "text"]
-    assert p.fields["rewards"].layout.display == "none"
+    assert p.rows["rewards"].layout.display == "none"
     p.fields["objective"].value = "kto"
     assert formats(p) == ["auto", *OBJECTIVES["kto"].formats]
     assert "label" in p.data_help.value and "objective: kto trains on" in p.data_help.value
     assert p.to_dict()["objective"] == "kto"
     p.fields["objective"].value = "grpo"
-    assert formats(p) == ["auto", "prompt"] and p.fields["rewards"].layout.display == ""
+    assert formats(p) == ["auto", "prompt"] and p.rows["rewards"].layout.display == ""
     p.fields["rewards"].value = "format_reward, length_reward"
     assert p.to_dict()["rewards"] == ["format_reward", "length_reward"]
     p.fields["objective"].value = "dpo"
@@ -75,7 +75,7 @@ def test_preview_shows_preference_rows_of_a_dpo_config(workdir: Path) -> None:
 
 
 def test_a_runs_mixed_sources_come_back_to_the_form_without_unset_keys() -> None:
-    from nbtrain.config import DataSettings
+    from nbtrain.control.config.schema import DataSettings
     from nbtrain.ui.panel import config_from_run
 
     data = DataSettings.model_validate(

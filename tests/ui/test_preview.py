@@ -88,3 +88,16 @@ def test_histogram_counts_every_measured_example_and_marks_max_length() -> None:
     assert list(fig.data[0].x) == [12, 30, 30, 90]
     assert any(s.x0 == 64 for s in fig.layout.shapes)
     assert "4 rows" in fig.layout.title.text
+
+
+def test_equal_lengths_make_one_visible_bar_not_a_sliver_by_a_far_max_length() -> None:
+    data = shown(lengths=[18] * 40, max_length=1024)
+    data["stats"]["rows"] = 40
+    fig = length_histogram(data)
+    lo, hi = fig.layout.xaxis.range
+    assert lo < 18 < hi and hi - lo < 20  # the axis is the data's, not 0..1024
+    assert fig.data[0].xbins.size >= 1
+    assert not fig.layout.shapes and "max_length 1024" in fig.layout.annotations[0].text
+    # a max_length near the data is drawn as a line
+    near = length_histogram(shown())
+    assert any(s.x0 == 64 for s in near.layout.shapes) and near.layout.xaxis.range[1] > 90

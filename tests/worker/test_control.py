@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from nbtrain import launch
-from nbtrain.rundir import RunPaths
+from nbtrain.contract.rundir import RunPaths
+from nbtrain.control import process as launch
 
 CHATTY = """
 import sys, time
@@ -45,3 +45,22 @@ def test_a_process_printing_100_mib_never_blocks_and_its_log_stays_capped(tmp_pa
     total = sum(p.stat().st_size for p in paths.logs.iterdir())
     assert total < 40 * 2**20, total  # at most the file and one rotated file, not 100 MiB
     assert elapsed < 120
+
+
+def test_a_stop_request_names_who_asked_even_when_its_sigterm_is_seen_first(tmp_path: Path) -> None:
+    from nbtrain.contract.rundir import request_control
+    from nbtrain.worker.control import StopControl
+
+    asked, plain = RunPaths(tmp_path / "asked"), RunPaths(tmp_path / "plain")
+    asked.make()
+    plain.make()
+    request_control(asked, "stop", by="sidebar")  # Run.stop(by="sidebar"), then its SIGTERM
+    stop = StopControl(asked)
+    stop.request("SIGTERM")  # what the worker's signal handler does
+    assert stop.reason == "sidebar"
+    killed = StopControl(plain)
+    killed.request("SIGTERM")  # a kill from a shell: no request file, the signal is the reason
+    assert killed.reason == "SIGTERM"
+    request_control(plain, "stop")  # the time alone, as earlier versions wrote it
+    polled = StopControl(plain)
+    assert polled.requested and polled.reason == "control/stop"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import nbtrain
-from nbtrain.testing import variable_length_rows
+from nbtrain.examples import variable_length_rows
 from nbtrain.worker.data import DataError, is_streaming, load_train, take_eval_split
 
 
@@ -138,7 +138,7 @@ ONLY_ANSWERS = (
 def test_assistant_only_loss_trains_on_the_answers_and_the_preview_shows_the_same_mask(
     var_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nbtrain.worker.preview import preview
+    from nbtrain.worker.jobs.preview import preview
 
     trainer, r = sft_trainer(var_dir, monkeypatch, ONLY_ANSWERS)
     tok = trainer.processing_class

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain.testing import variable_length_rows, write_dataset
+from nbtrain.examples import variable_length_rows, write_dataset
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The evaluation worker (nbtrain.worker.evaluate), run in this process on the shared QLoRA run."""
+"""The evaluation worker (nbtrain.worker.jobs.evaluate), run in this process on the shared QLoRA run."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nbtrain.rundir import read_jsonl
-from nbtrain.worker import evaluate as worker
+from nbtrain.contract.rundir import read_jsonl
+from nbtrain.worker.jobs import evaluate as worker
 
 pytestmark = pytest.mark.slow
 

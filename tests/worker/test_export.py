@@ -1,15 +1,16 @@
-"""The export worker (nbtrain.worker.export), run in this process on the shared trained runs."""
+"""The export worker (nbtrain.worker.jobs.export), run in this process on the shared trained runs."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nbtrain.worker import export as worker
+from nbtrain.worker.jobs import export as worker
 from nbtrain.worker.tuned import load_tuned, trained_weights_dir
 from tests.conftest import TUNED_ANSWERS
 
@@ -128,3 +129,22 @@ def test_overwrite_replaces_the_target_and_a_failed_export_leaves_it_as_it_was(
 
     assert worker.main([str(tuned_run), "--to", str(target), "--no-merge", "--overwrite"]) == 0
     assert not (target / "keep.txt").exists() and (target / "adapter_model.safetensors").exists()
+
+
+def test_leftovers_of_killed_exports_are_cleared_and_a_target_moved_aside_is_put_back(
+    tuned_run: Path, tmp_path: Path
+) -> None:
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    target = tmp_path / "out"
+    partial = tmp_path / f".out.partial-{dead}"  # killed while writing
+    (partial / "sub").mkdir(parents=True)
+    old = tmp_path / f".out.old-{dead}"  # killed between moving the old target aside and the rename
+    old.mkdir()
+    (old / "keep.txt").write_text("mine")
+    mine = tmp_path / f".out.partial-{os.getpid()}"  # a live export's: not touched
+    mine.mkdir()
+    result = tmp_path / "result.json"
+    assert worker.main([str(tuned_run), "--to", str(target), "--no-merge", "--result", str(result)]) == 2
+    assert "not empty" in json.loads(result.read_text())["error"]  # the old target is back, and kept
+    assert (target / "keep.txt").read_text() == "mine"
+    assert not partial.exists() and not old.exists() and mine.exists()

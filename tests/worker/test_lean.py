@@ -96,7 +96,7 @@ def test_a_qlora_process_keeps_bitsandbytes(tiny_model: Path) -> None:
 def test_a_run_that_imports_a_hidden_package_fails_with_the_fix(tmp_path: Path) -> None:
     """The real worker entry point, with a recipe that imports scipy (as remote model code might):
     status.json says the run failed, names scipy and the switch that keeps it."""
-    from nbtrain.rundir import RunPaths, atomic_write_json, read_json
+    from nbtrain.contract.rundir import RunPaths, atomic_write_json, read_json
 
     paths = RunPaths(tmp_path / "run")
     paths.make()

@@ -1,9 +1,9 @@
-"""Will it fit? The estimator (nbtrain.memory) against what real runs allocate.
+"""Will it fit? The estimator (nbtrain.control.memory) against what real runs allocate.
 
-CPU: 2-rank runs of the tiny model, LoRA and full fine-tune, under DDP and ZeRO-1/2/3 (fp32), started
-together from one notebook. Each rank sums the tensors holding its parameters, gradients, fp32 master
-and optimizer state at the optimizer step (``state_report`` in nbtrain/worker/callbacks.py); that must
-match the estimator's model states for the same inputs within 5%.
+CPU: 2-rank probe runs of the tiny model, LoRA and full fine-tune, under DDP and ZeRO-1/2/3 (fp32),
+started together from one notebook. Each rank sums the tensors holding its parameters, gradients, fp32
+master and optimizer state at the optimizer step (``ModelStateMeter`` in nbtrain/worker/measure.py, which
+only probe runs install); that must match the estimator's model states for the same inputs within 5%.
 
 GPU: a probe of a ~1B Llama (random weights) with LoRA and QLoRA; ``torch.cuda.max_memory_allocated``
 must be within 15% of the estimate's per-device bytes.
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 import nbtrain
-from nbtrain.api import probe
-from nbtrain.memory import DS_REDUCE_BUCKET, Estimate, estimate
-from nbtrain.rundir import read_json, read_jsonl
+from nbtrain.contract.rundir import read_json, read_jsonl
+from nbtrain.control.memory import DS_REDUCE_BUCKET, Estimate, estimate
+from nbtrain.control.start import probe
 from tests.conftest import lora_yaml
 from tests.notebook import execute, text_of
 
@@ -32,6 +32,16 @@ STEPS = 3  # the optimizer state exists from the first step on: later steps hold
 TOLERANCE = 0.05
 RUNS = {f"{method}-{strategy}": (method, strategy) for method in ("lora", "full") for strategy in
         ("ddp", "zero1", "zero2", "zero3")}  # fmt: skip
+
+
+def probe_run_cell(name: str, body: str) -> str:
+    """A notebook cell that starts ``body`` as a probe run named ``name`` and returns at once: resolved.json
+    says ``"probe": true``, so its ranks sample their model-state bytes at every optimizer step."""
+    return (
+        "from dataclasses import replace\n"
+        "from nbtrain.control.start import prepare, start\n"
+        f"start(replace(prepare({body!r}, name={name!r}), probe=True));"
+    )
 
 
 def train_end(run: nbtrain.Run) -> list[dict[str, Any]]:
@@ -73,8 +83,8 @@ def expected_parts(est: Estimate) -> dict[str, float]:
 def test_model_states_each_rank_allocates_match_the_estimate(workdir: Path) -> None:
     cells = ["%load_ext nbtrain"]
     for name, (method, strategy) in RUNS.items():
-        body = lora_yaml(STEPS, method=method)
-        cells.append(f"%%finetune --name {name} --no-view\n{body}distributed:\n  strategy: {strategy}\n")
+        body = lora_yaml(STEPS, method=method) + f"distributed:\n  strategy: {strategy}\n"
+        cells.append(probe_run_cell(name, body))
     cells += [f"%finetune wait {n}" for n in RUNS]
     t0 = time.monotonic()
     nb = execute(cells, workdir, timeout=1200)
@@ -151,7 +161,7 @@ def make_1b_llama(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from nbtrain.testing import make_tiny_model
+    from nbtrain.examples import make_tiny_model
 
     # Only the tokenizer (and its chat template) is taken from the tiny model, into a fresh directory:
     # a sharded save next to the tiny model's weights would leave both for from_pretrained to find.

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 import nbtrain
-from nbtrain import launch
-from nbtrain.rundir import read_jsonl
+from nbtrain.contract.rundir import read_jsonl
+from nbtrain.control import process as launch
 from tests.conftest import lora_yaml
 from tests.notebook import execute, text_of
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain.testing import preference_rows, write_dataset
+from nbtrain.examples import preference_rows, write_dataset
 from tests.notebook import error_of, execute, text_of
 
 pytestmark = pytest.mark.slow
@@ -102,7 +102,7 @@ def test_kto_reads_csv_with_odd_column_names_and_logs_kl(workdir: Path) -> None:
 
 
 REWARD_CELL = '''\
-from nbtrain.rewards import completion_text
+from nbtrain.contract.rewards import completion_text
 
 def digits_reward(completions, answer, **kwargs):
     """Defined in the notebook: the share of digits in each completion, plus 1 for the right sum."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain.testing import write_dataset
+from nbtrain.examples import write_dataset
 from nbtrain.ui.text import status_text
 from tests.conftest import lora_yaml
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nbtrain.rundir import COMPLETE_MARKER
+from nbtrain.contract.rundir import COMPLETE_MARKER
 from nbtrain.worker.tuned import NoTrainedWeights, load_tuned, trained_weights_dir
 from tests.conftest import TUNED_ANSWERS
 

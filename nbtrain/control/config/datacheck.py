@@ -1,0 +1,263 @@
+"""Kernel-side look at training data before anything starts: does it exist, is it empty, what format.
+
+Reads only a sample of rows (no ``datasets`` import) so a cell answers quickly even for large files;
+the worker checks every row again when it converts them.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import itertools
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nbtrain.contract.formats import (
+    FILE_KINDS,
+    RowError,
+    apply_columns,
+    check_rows,
+    jsonl_lines,
+    to_example,
+)
+
+SAMPLE_ROWS = 1000
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    spec: str  # as written
+    location: str  # absolute path, or the hub id
+    kind: str  # jsonl | json | csv | parquet | disk | hub
+    format: str  # detected or given; "auto" when it could not be looked at (hub)
+    sample_rows: int  # rows looked at
+    # a source in a data: train: list
+    weight: float | None = None
+    split: str | None = None
+    columns: dict[str, str] | None = None
+    data_files: str | list[str] | None = None  # a hub dataset: which of its files
+
+
+class DataProblem(ValueError):
+    pass
+
+
+def _close_files(path: Path) -> str:
+    try:
+        names = [p.name for p in path.parent.iterdir()]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f"; did you mean '{path.parent / close[0]}'?" if close else ""
+
+
+def _rows_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    n = 0
+    try:
+        for lineno, line in jsonl_lines(path):
+            if not line.strip():
+                continue
+            n += 1
+            if n > SAMPLE_ROWS:
+                return
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataProblem(
+                    f"line {lineno} of {path.name} is not valid JSON ({e.msg}): {line.strip()[:200]}"
+                ) from None
+            except RecursionError:
+                raise DataProblem(
+                    f"line {lineno} of {path.name} is nested too deeply to read; rows are flat objects "
+                    f"of text fields (or lists of messages)"
+                ) from None
+    except RowError as e:  # a line over the bound, or not UTF-8
+        raise DataProblem(str(e)) from None
+
+
+def _sample(path: Path, kind: str, split: str | None) -> list[tuple[int, Any]]:
+    """The checked sample of a local source; a file that cannot be read is one DataProblem naming it and
+    the cause (never a raw decoder or Arrow traceback)."""
+    try:
+        return list(_rows_disk(path, split) if kind == "disk" else _READERS[kind](path))
+    except DataProblem:
+        raise
+    except UnicodeDecodeError as e:
+        raise DataProblem(f"{path.name} is not UTF-8 text (byte {e.start + 1}); save it as UTF-8") from None
+    except RecursionError:
+        raise DataProblem(f"{path.name} is nested too deeply to read; rows are flat objects") from None
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError, its IO errors OSErrors
+        raise DataProblem(
+            f"cannot read {path.name} as {kind}: {type(e).__name__}: {str(e)[:300]} (is it truncated or "
+            f"corrupt? write it again)"
+        ) from None
+
+
+def _rows_json(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataProblem(
+            f"{path.name} is not valid JSON ({e.msg} at line {e.lineno}); for one "
+            f"object per line name the file .jsonl"
+        ) from None
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(lists) != 1:
+            raise DataProblem(
+                f"{path.name} holds a JSON object; expected a list of rows "
+                f"(or an object with exactly one list in it)"
+            )
+        data = lists[0]
+    if not isinstance(data, list):
+        raise DataProblem(f"{path.name} must hold a JSON list of rows, got {type(data).__name__}")
+    for i, row in enumerate(data[:SAMPLE_ROWS]):
+        yield i + 1, row
+
+
+def _rows_csv(path: Path) -> Iterator[tuple[int, Any]]:
+    with open(path, encoding="utf-8", newline="") as f:
+        for i, row in enumerate(csv.DictReader(f)):
+            if i >= SAMPLE_ROWS:
+                return
+            yield i + 2, dict(row)  # +2: the header is line 1
+
+
+def _rows_arrow_table(table: Any) -> Iterator[tuple[int, Any]]:
+    for i, row in enumerate(table.slice(0, SAMPLE_ROWS).to_pylist()):
+        yield i + 1, row
+
+
+def _rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    if pf.metadata.num_rows == 0:
+        return
+    yield from _rows_arrow_table(pf.read_row_group(0))
+
+
+def _rows_disk(path: Path, split: str | None = None) -> Iterator[tuple[int, Any]]:
+    """A ``datasets.save_to_disk`` directory: read its first Arrow shard with pyarrow."""
+    import pyarrow as pa
+
+    d = path
+    if (path / "dataset_dict.json").exists():
+        d = path / (split or "train")
+        if not d.is_dir():
+            splits = sorted(p.name for p in path.iterdir() if p.is_dir())
+            raise DataProblem(f"{path.name} has no split {split or 'train'!r}; its splits: {splits}")
+    shards = sorted(d.glob("*.arrow"))
+    if not (d / "state.json").exists() or not shards:
+        raise DataProblem(
+            f"{path} is a directory but not a datasets.save_to_disk() dataset (no state.json / .arrow files)"
+        )
+    with pa.memory_map(str(shards[0])) as src:
+        table = pa.ipc.open_stream(src).read_all()
+    yield from _rows_arrow_table(table)
+
+
+_READERS = {
+    "jsonl": _rows_jsonl,
+    "json": _rows_json,
+    "csv": _rows_csv,
+    "parquet": _rows_parquet,
+    "disk": _rows_disk,
+}
+
+
+def read_rows(path: Path, kind: str, n: int) -> list[tuple[int, Any]]:
+    """The first ``n`` (row number, row) pairs of a local data file or save_to_disk directory."""
+    return list(itertools.islice(_READERS[kind](path), n))
+
+
+def _one_sided_labels(rows: list[tuple[int, Any]], columns: dict[str, str] | None) -> bool | None:
+    """The single label every unpaired row carries, or None when both kinds occur."""
+    seen = set()
+    for _, row in rows:
+        try:
+            seen.add(to_example(apply_columns(row, columns), "unpaired")["label"])
+        except RowError:
+            return None  # check_rows has passed these rows; nothing more to say
+    return seen.pop() if len(seen) == 1 else None
+
+
+def inspect_data(
+    spec: str,
+    fmt: str,
+    base: Path,
+    objective: str = "sft",
+    columns: dict[str, str] | None = None,
+    *,
+    split: str | None = None,
+    data_files: str | list[str] | None = None,
+) -> DataSource:
+    """Find ``spec`` (a path or a hub id), read a sample and check its format for ``objective``
+    (after renaming ``columns``); raise DataProblem."""
+    path = Path(spec).expanduser()
+    if not path.is_absolute():
+        path = (base / path).resolve()
+    if not path.exists():
+        if _HUB_ID.match(spec) and Path(spec).suffix.lower() not in FILE_KINDS:
+            return _inspect_hub(spec, fmt, objective, columns, split, data_files)
+        raise DataProblem(f"data file not found: {path}{_close_files(path)}")
+    if path.is_dir():
+        kind = "disk"
+    else:
+        found = FILE_KINDS.get(path.suffix.lower())
+        if found is None:
+            raise DataProblem(
+                f"cannot read {path.name}: use .jsonl, .json, .csv or .parquet, a "
+                f"datasets.save_to_disk() directory, or a hub id"
+            )
+        kind = found
+        if path.stat().st_size == 0:
+            raise DataProblem(f"data file is empty: {path}")
+    rows = _sample(path, kind, split)
+    if not rows:
+        raise DataProblem(f"data file has no rows: {path}")
+    resolved, problem = check_rows(rows, fmt, objective, columns)
+    if problem:
+        raise DataProblem(f"{path.name}: {problem}")
+    if resolved == "unpaired" and len(rows) < SAMPLE_ROWS:
+        # Only when the whole file was read: a sample of a sorted file can hold one label by chance.
+        only = _one_sided_labels(rows, columns)
+        if only is not None:
+            raise DataProblem(
+                f"{path.name}: all {len(rows)} rows have label {str(only).lower()}; KTO learns from both "
+                f"desirable (label: true) and undesirable (label: false) completions"
+            )
+    return DataSource(spec, str(path), kind, resolved, len(rows))
+
+
+def _inspect_hub(
+    spec: str,
+    fmt: str,
+    objective: str,
+    columns: dict[str, str] | None,
+    split: str | None,
+    data_files: str | list[str] | None,
+) -> DataSource:
+    """A Hub dataset: its first data file's first rows checked like a local file's (rows numbered as in
+    that file), after the repo's access is checked (missing, private, gated). When the rows cannot be read
+    here (offline, a loading script) the format stays as given and the worker checks them."""
+    from nbtrain.control import hub  # huggingface_hub only when a Hub dataset is named
+
+    try:
+        sample, _note = hub.dataset_sample(spec, SAMPLE_ROWS, split=split, data_files=data_files)
+    except hub.HubProblem as e:
+        raise DataProblem(str(e)) from None
+    if sample is None:
+        return DataSource(spec, spec, "hub", fmt, 0, data_files=data_files)
+    if not sample.rows:
+        raise DataProblem(f"{spec}: {sample.file} has no rows")
+    resolved, problem = check_rows(sample.rows, fmt, objective, columns)
+    if problem:
+        raise DataProblem(f"{spec} ({sample.file}): {problem}")
+    return DataSource(spec, spec, "hub", resolved, len(sample.rows), data_files=data_files)

@@ -1,0 +1,1219 @@
+"""Run config: YAML (or a dict) -> validated, typed ``RunConfig``; every problem collected into one error.
+
+Validation is in two passes: the schema (pydantic, strict types, unknown keys rejected) and the checks
+that look at the world (model path, data files, TRL key names, bitsandbytes). Problems from both are
+reported together with the key path as written, its YAML line, allowed values and a close match.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from nbtrain.contract.errors import ConfigError, Problem
+from nbtrain.contract.formats import CANONICAL_COLUMNS, FORMATS, SFT_FORMATS
+from nbtrain.contract.objectives import OBJECTIVES, UNAVAILABLE
+from nbtrain.control import tracking
+from nbtrain.control.config import trainargs
+from nbtrain.control.config.choices import (
+    ZERO_STAGES,
+    Launcher,
+    Method,
+    ObjectiveName,
+    Offload,
+    Precision,
+    Strategy,
+)
+from nbtrain.control.config.datacheck import DataProblem, DataSource, inspect_data
+from nbtrain.control.config.yamlsafe import MAX_BYTES as MAX_YAML_BYTES
+from nbtrain.control.config.yamlsafe import DuplicateKeys, YamlProblem, YamlSyntax, load_yaml
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class _Strict(BaseModel):
+    # .inf / .nan are never a setting: a LoRA alpha of .inf trains to nothing and reports "completed"
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class LoraSettings(_Strict):
+    r: int = Field(8, gt=0, le=4096)
+    alpha: float = Field(16, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: str | list[str] = "auto"
+    bias: Literal["none", "all", "lora_only"] = "none"
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _targets_ok(cls, v: Any) -> Any:
+        ok = v in ("auto", "all-linear") or (
+            isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)
+        )
+        if not ok:
+            raise ValueError(
+                "target_modules is 'auto' (the model's usual attention projections), "
+                "'all-linear', or a list of module names such as [q_proj, v_proj]"
+            )
+        return v
+
+
+class QuantSettings(_Strict):
+    bits: Literal[4, 8] = 4
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+
+
+def _checked_columns(v: dict[str, str]) -> dict[str, str]:
+    problem = _columns_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
+def _columns_problem(v: dict[str, str]) -> str | None:
+    for canonical, column in v.items():
+        if canonical not in CANONICAL_COLUMNS:
+            close = difflib.get_close_matches(canonical, list(CANONICAL_COLUMNS), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            return (
+                f"columns: maps nbtrain's names to your dataset's columns; {canonical!r} is not one of "
+                f"{', '.join(CANONICAL_COLUMNS)}{hint}"
+            )
+        if not column:
+            return f"columns: {canonical}: needs the name of a column in your data"
+    sources = list(v.values())
+    if len(set(sources)) != len(sources):
+        return "columns: maps two names to the same column"
+    return None
+
+
+# data: columns: and a source's columns: (canonical name -> the dataset's column), checked the same way.
+Columns = Annotated[dict[str, str], AfterValidator(_checked_columns)]
+
+DataFormat = Literal["auto", "messages", "alpaca", "sharegpt", "text", "preference", "unpaired", "prompt"]
+
+
+class DataSourceSettings(_Strict):
+    """One entry of ``data: train:`` as a list: several datasets mixed (by weight, or concatenated)."""
+
+    path: str = Field(min_length=1)
+    weight: float | None = Field(None, gt=0)  # relative; normalised to probabilities over the list
+    format: DataFormat | None = None  # default: data: format:
+    columns: Columns | None = None  # default: data: columns:
+    split: str | None = Field(None, min_length=1)  # hub / save_to_disk datasets with several splits
+    data_files: str | list[str] | None = None  # a hub dataset: which of its files (glob patterns)
+
+
+STOPPING_STRATEGIES = ("all_exhausted", "first_exhausted", "all_exhausted_without_replacement")
+
+
+class DataSettings(_Strict):
+    # a path or hub id, or a list of sources [{path, weight?, format?, columns?, split?}, ...]
+    train: str | list[DataSourceSettings]
+    format: DataFormat = "auto"
+    # a fraction of the training rows (0.1), or a number of rows (200; the only choice when streaming)
+    eval_split: float | int | None = None
+    eval: str | None = None
+    max_samples: int | None = Field(None, gt=0)
+    # {nbtrain's name: the dataset's column}, e.g. {prompt: question, chosen: good, rejected: bad}
+    columns: Columns | None = None
+    # read the data as it trains (datasets' IterableDataset): for data larger than memory
+    streaming: bool = False
+    # how weighted sources are mixed (datasets.interleave_datasets): all_exhausted = until every source
+    # has been seen once (smaller ones repeat), first_exhausted = until one runs out
+    stopping_strategy: Literal["all_exhausted", "first_exhausted", "all_exhausted_without_replacement"] = (
+        "all_exhausted"
+    )
+
+    @field_validator("train")
+    @classmethod
+    def _train_ok(cls, v: str | list[DataSourceSettings]) -> str | list[DataSourceSettings]:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("train: needs a data file, a save_to_disk() directory or a hub dataset id")
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("train: lists at least one source ({path: ..., weight: ...})")
+            weighted = [s.weight is not None for s in v]
+            if any(weighted) and not all(weighted):
+                raise ValueError(
+                    "train: give every source a weight (they are mixed in those proportions) or none "
+                    "(the sources are concatenated)"
+                )
+        return v
+
+    @field_validator("eval_split", mode="before")
+    @classmethod
+    def _eval_split_number(cls, v: Any) -> Any:
+        # Before the float | int union: one message, not one per branch it fails.
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            hint = trainargs.yaml_number_hint(v)
+            raise ValueError(
+                f"eval_split is a fraction between 0 and 1 (0.1) or a number of rows (200){hint}"
+            )
+        return v
+
+    @field_validator("eval_split")
+    @classmethod
+    def _eval_split_ok(cls, v: float | int | None) -> float | int | None:
+        if v is None:
+            return v
+        if isinstance(v, int) and not isinstance(v, bool):
+            if v < 1:
+                raise ValueError("eval_split is a fraction between 0 and 1 (0.1) or a number of rows (200)")
+        elif not 0 < v < 1:
+            raise ValueError("eval_split is a fraction between 0 and 1 (0.1) or a number of rows (200)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_eval_source(self) -> DataSettings:
+        if self.eval is not None and self.eval_split is not None:
+            raise ValueError("give either eval (a path) or eval_split (a fraction), not both")
+        return self
+
+    def sources(self) -> list[DataSourceSettings]:
+        """``train:`` as a list of sources (a plain string is one source)."""
+        if isinstance(self.train, str):
+            return [DataSourceSettings.model_validate({"path": self.train})]
+        return list(self.train)
+
+
+class SlurmSettings(_Strict):
+    partition: str | None = None
+    account: str | None = None
+    time: str = "04:00:00"
+    gpus_per_node: int | None = Field(None, gt=0)
+    cpus_per_task: int | None = Field(None, gt=0)
+    extra: list[str] = Field(default_factory=list)  # more "#SBATCH ..." options, written as given
+
+
+class DistributedSettings(_Strict):
+    strategy: Literal["auto", Strategy] = "auto"
+    offload: Offload = "none"
+    num_processes: Literal["auto"] | int = "auto"  # per node
+    launcher: Literal["auto", Launcher] = "auto"
+    nodes: int = Field(1, ge=1)
+    hostfile: str | None = None
+    slurm: SlurmSettings | None = None
+    deepspeed_config: str | None = None
+    master_addr: str | None = None  # multi-node: the address of node 0 as the others reach it
+    master_port: int | None = Field(None, gt=0, lt=65536)
+
+    @field_validator("num_processes")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("num_processes is 'auto' or a positive integer (processes per node)")
+        return v
+
+
+class RunConfig(_Strict):
+    model: str = Field(min_length=1)
+    revision: str | None = Field(None, min_length=1)  # a Hub model's branch, tag or commit (default: main)
+    method: Literal["auto", Method] = "lora"
+    # objective: what the training optimises; method: (above) which weights train. Orthogonal.
+    objective: ObjectiveName = "sft"
+    rewards: list[str] | None = None  # GRPO: notebook functions or built-ins (nbtrain.contract.rewards)
+    batch_size: int | None = Field(None, gt=0)  # effective batch; with per_device_train_batch_size: auto
+    data: DataSettings
+    train: dict[str, Any] = Field(default_factory=dict)
+    lora: LoraSettings | None = None
+    quantization: QuantSettings | None = None
+    precision: Literal["auto", Precision] = "auto"
+    resume: Literal["never", "auto"] = "never"
+    distributed: DistributedSettings = Field(default_factory=lambda: DistributedSettings.model_validate({}))
+    trust_remote_code: bool = False
+    # A training loss or gradient norm that turns NaN/inf: fail the run at that step (no checkpoint of the
+    # broken weights), or go on (the Trainer's own behaviour; the metrics flag the steps).
+    on_nan: Literal["fail", "continue"] = "fail"
+    name: str | None = None
+
+    @field_validator("rewards")
+    @classmethod
+    def _rewards_ok(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("rewards: lists at least one reward function")
+        for name in v:
+            if not name.isidentifier():
+                raise ValueError(f"{name!r} is not a function name; rewards: lists Python function names")
+        if len(set(v)) != len(v):
+            raise ValueError("rewards: lists a function twice; use train: reward_weights to weigh one more")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str | None) -> str | None:
+        if v is not None and not NAME_RE.match(v):
+            raise ValueError(
+                "a run name is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            )
+        return v
+
+
+@dataclass
+class Resolved:
+    """A validated config plus what validation learned about the world (paths made absolute)."""
+
+    config: RunConfig
+    text: str  # the config as the user wrote it (YAML)
+    model_kind: str  # "local" | "hub"
+    train_data: DataSource
+    eval_data: DataSource | None
+    notes: list[str] = field(default_factory=list)
+    user_deepspeed: dict[str, Any] | None = None  # the JSON of distributed.deepspeed_config, checked
+    # every data: train: source (train_data is the first)
+    train_sources: list[DataSource] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------- YAML lines
+
+
+def _line_map(text: str) -> dict[tuple[str, ...], int]:
+    """Map each key path in a YAML document to the 1-based line of its key."""
+    out: dict[tuple[str, ...], int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return out
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                p = (*path, str(k.value))
+                out[p] = k.start_mark.line + 1
+                walk(v, p)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                p = (*path, str(i))
+                out[p] = v.start_mark.line + 1
+                walk(v, p)
+
+    if root is not None:
+        walk(root, ())
+    return out
+
+
+class _Problems:
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+        self.map = _line_map(text) if text else {}
+        self.items: list[Problem] = []
+        # Secrets found in the config: never repeated in a problem (its YAML line is shown masked), and
+        # their keys get the secret's problem only (not also "unknown key").
+        self.secrets: set[str] = set()
+        self.secret_paths: set[str] = set()
+
+    def add(self, path: tuple[str | int, ...], message: str, *, secret: str | None = None) -> None:
+        shown = ".".join(str(x) for x in path)
+        if secret is not None:
+            self.secrets.add(secret)
+            self.secret_paths.add(shown)
+        elif shown in self.secret_paths:
+            return
+        p = tuple(str(x) for x in path)
+        line = None
+        while p and line is None:
+            line = self.map.get(p)
+            if line is None:
+                p = p[:-1]
+        src = self.lines[line - 1] if line and line <= len(self.lines) else None
+        for s in (s for s in self.secrets if len(s) >= 4):  # shorter would mask ordinary words
+            src = src.replace(s, "***") if src is not None else None
+            message = message.replace(s, "***")
+        self.items.append(Problem(shown, message, line, src))
+
+
+# ------------------------------------------------------------------------------------- schema errors
+
+
+def _fields_of(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the sub-model at ``loc`` (for did-you-mean on unknown keys)."""
+    cur: type[BaseModel] = model
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an index into a list of sub-models (data: train: [{path: ...}, ...])
+        f = cur.model_fields.get(str(part))
+        if f is None:
+            return []
+        ann = f.annotation
+        args = [x for a in getattr(ann, "__args__", (ann,)) for x in getattr(a, "__args__", (a,))]
+        sub = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not sub:
+            return []
+        cur = sub[0]
+    return list(cur.model_fields)
+
+
+# pydantic names the branch of a union in an error's location (eval_split.float, train.str, ...); these
+# are those names for the plain types, the others hold brackets (list[...], function-after[...]).
+_BRANCH_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
+
+
+def _is_branch_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in _BRANCH_TAGS or "[" in part or "(" in part)
+
+
+def _clean_loc(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:
+    """Drop pydantic's union-branch tags from an error location, keeping the keys the user wrote (and a
+    missing key, which is a real location too)."""
+    out: list[Any] = []
+    cur, missing = raw, False
+    for part in loc:
+        if _is_branch_tag(part) and not (isinstance(cur, dict) and part in cur):
+            continue  # the tag of a union's branch
+        if missing or (isinstance(cur, dict) and part not in cur):
+            out.append(part)  # a key the config lacks (or one below it)
+            missing = True
+        elif isinstance(cur, dict) or (
+            isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur)
+        ):
+            cur = cur[part]
+            out.append(part)
+    return tuple(out)
+
+
+def _other_branch(loc: tuple[Any, ...], raw: Any) -> bool:
+    """An error from the ``str`` branch of a union (``train: str | list[...]``) when the user wrote a
+    list there: the list branch's own errors say what is wrong, this one only adds noise."""
+    cur = raw
+    for part in loc:
+        if part == "str" and isinstance(cur, list | dict):
+            return True
+        if (isinstance(cur, dict) and part in cur) or (
+            isinstance(cur, list) and isinstance(part, int) and part < len(cur)
+        ):
+            cur = cur[part]
+    return False
+
+
+# What a type error's kind expects, in words (a union's branches are joined: "'auto' or an integer").
+_EXPECTS = {
+    "float_type": "a number",
+    "int_type": "an integer",
+    "string_type": "text",
+    "bool_type": "true or false",
+    "list_type": "a list",
+    "dict_type": "a mapping (key: value lines)",
+    "model_type": "a mapping (key: value lines)",
+    "model_attributes_type": "a mapping (key: value lines)",
+    "none_required": "null",
+}
+
+
+def _literal_choices(e: Any) -> tuple[list[str], str]:
+    """The choices of a ``literal_error``: the names (for did-you-mean) and pydantic's text of them."""
+    expected = str(e.get("ctx", {}).get("expected", ""))
+    return re.findall(r"'([^']*)'", expected), expected
+
+
+def _choice_message(value: Any, e: Any) -> str:
+    names, expected = _literal_choices(e)
+    close = trainargs.closest(value, names) if isinstance(value, str) and names else []
+    hint = f"; did you mean {trainargs.one_of([repr(c) for c in close])}?" if close else "."
+    return f"{value!r} is not allowed{hint} Choose one of {expected}"
+
+
+def _union_message(errors: list[Any], value: Any) -> str:
+    """One message for a value no branch of a union accepts: what each branch expects, joined."""
+    expects: list[str] = []
+    names: list[str] = []
+    for e in errors:
+        if e["type"] == "literal_error":
+            names += _literal_choices(e)[0]
+            expects.append(_literal_choices(e)[1])
+        elif e["type"] in _EXPECTS and _EXPECTS[e["type"]] not in expects:
+            expects.append(_EXPECTS[e["type"]])
+    if "a number" in expects and "an integer" in expects:
+        expects.remove("an integer")  # a number may be whole
+    close = trainargs.closest(value, names) if isinstance(value, str) and names else []
+    hint = trainargs.yaml_number_hint(value) if {"a number", "an integer"} & set(expects) else ""
+    msg = f"{value!r} is not valid here: expected {trainargs.one_of(expects)}{hint}"
+    return msg + (f"; did you mean {trainargs.one_of([repr(c) for c in close])}?" if close else "")
+
+
+# Keys written in the wrong section, or by another tool's name: where nbtrain takes them.
+_ELSEWHERE = {
+    "lora_r": "lora.r",
+    "rank": "lora.r",
+    "lora_rank": "lora.r",
+    "lora_alpha": "lora.alpha",
+    "lora_dropout": "lora.dropout",
+    "lora_target_modules": "lora.target_modules",
+    "lora_target": "lora.target_modules",
+    "bnb_4bit_quant_type": "quantization.quant_type",
+    "bnb_4bit_use_double_quant": "quantization.double_quant",
+    "quant_bits": "quantization.bits",
+    "dataset": "data.train",
+    "datasets": "data.train",
+    "train_file": "data.train",
+    "train_data": "data.train",
+    "dataset_path": "data.train",
+    "eval_file": "data.eval",
+    "eval_dataset": "data.eval",
+    "val_set_size": "data.eval_split",
+    "model_name": "model",
+    "model_name_or_path": "model",
+    "model_id": "model",
+    "base_model": "model",
+    "pretrained_model_name_or_path": "model",
+    "num_gpus": "distributed.num_processes",
+    "nproc_per_node": "distributed.num_processes",
+    "num_nodes": "distributed.nodes",
+    "zero_stage": "distributed.strategy",
+}
+
+
+def _sections() -> dict[tuple[str, ...], type[BaseModel]]:
+    return {
+        (): RunConfig,
+        ("data",): DataSettings,
+        ("lora",): LoraSettings,
+        ("quantization",): QuantSettings,
+        ("distributed",): DistributedSettings,
+        ("distributed", "slurm"): SlurmSettings,
+    }
+
+
+def _home_of(key: str, section: tuple[str, ...], objective: str) -> tuple[str, ...] | None:
+    """Where ``key``, unknown in ``section``, belongs: its full path in another section, or None."""
+    if section not in _sections() and section != ("train",):
+        return None  # an entry of a list (data: train: [{path: ...}]): its own keys only
+    if key in _ELSEWHERE:
+        home = tuple(_ELSEWHERE[key].split("."))
+        return home if home[:-1] != section else None
+    for where, model in _sections().items():
+        if where != section and key in model.model_fields and key not in ("train", "data"):
+            return (*where, key)
+    if section != ("train",) and objective in OBJECTIVES:
+        fields = trainargs.fields_for(objective)
+        name = key if key in fields else trainargs.RENAMED.get(key)
+        if name in fields and name not in trainargs.MANAGED:
+            return ("train", name)
+    return None
+
+
+def elsewhere_message(key: str, section: tuple[str, ...], home: tuple[str, ...]) -> str:
+    """``epochs`` at the top level: 'put it under train: as train.num_train_epochs'."""
+    here = "at the top level" if not section else f"in the {': '.join(section)}: section"
+    dotted = ".".join(home)
+    if len(home) == 1:
+        return f"'{key}' is not a key {here}: put it at the top level, as {home[0]}: (not indented)"
+    tail = " (the TRL/transformers name)" if home[0] == "train" and home[-1] != key else ""
+    return f"'{key}' is not a key {here}: put it under {': '.join(home[:-1])}: as {dotted}{tail}"
+
+
+def _schema_problems(err: ValidationError, raw: Any, probs: _Problems) -> None:
+    objective = raw.get("objective", "sft") if isinstance(raw, dict) else "sft"
+    objective = objective if isinstance(objective, str) and objective in OBJECTIVES else "sft"
+    # A union reports once per branch (eval_split: abc is neither a float nor an int): the errors are
+    # grouped by the location the user wrote, and each location gets one message.
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for e in err.errors():
+        if not _other_branch(tuple(e["loc"]), raw):
+            groups.setdefault(_clean_loc(tuple(e["loc"]), raw), []).append(e)
+    for loc, errors in groups.items():
+        typed = [e for e in errors if e["type"] in _EXPECTS or e["type"] == "literal_error"]
+        # A validator's own message (or a range) says more than "wrong type" from a branch it left.
+        specific = [e for e in errors if e not in typed]
+        e = specific[0] if specific else errors[0]
+        kind, value = e["type"], e.get("input")
+        if len(typed) > 1 and not specific:
+            probs.add(loc, _union_message(typed, value))
+        elif kind == "extra_forbidden":
+            key, section = str(loc[-1]), tuple(str(x) for x in loc[:-1] if not isinstance(x, int))
+            home = _home_of(key, section, objective)
+            if home is not None:
+                probs.add(loc, elsewhere_message(key, section, home))
+                continue
+            allowed = _fields_of(RunConfig, loc[:-1])
+            close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else "."
+            probs.add(loc, f"unknown key '{key}'{hint} Allowed here: {', '.join(allowed)}")
+        elif kind == "missing":
+            probs.add(loc, "required key is missing")
+        elif kind == "literal_error":
+            probs.add(loc, _choice_message(value, e))
+        elif kind.endswith("_type") or kind in {"model_type", "dict_type"}:
+            hint = trainargs.yaml_number_hint(value) if kind in ("float_type", "int_type") else ""
+            probs.add(loc, f"{value!r} has the wrong type: {e['msg'].lower()}{hint}")
+        else:
+            msg = e["msg"]
+            msg = msg.removeprefix("Value error, ")
+            probs.add(loc, f"{msg} (got {value!r})" if not isinstance(value, dict) else msg)
+
+
+# ----------------------------------------------------------------------------------------- secrets
+
+# Keys whose text value is a credential. Tokenizer settings (pad_token, eos_token, ...) are not.
+_SECRET_KEYS = frozenset(
+    {
+        "token", "hub_token", "hf_token", "use_auth_token", "auth_token", "access_token", "api_key",
+        "apikey", "password", "passwd", "secret", "secret_key", "private_key", "client_secret",
+    }
+)  # fmt: skip
+_SECRET_SUFFIXES = ("_api_key", "_apikey", "_password", "_secret", "_secret_key", "_access_token",
+                    "_auth_token", "_hub_token", "_hf_token")  # fmt: skip
+_HF_TOKEN_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")  # what a Hugging Face access token looks like
+SECRET_ADVICE = (
+    "a config is kept in plain text (config.yaml and resolved.json in the run directory, the run record "
+    "in the saved notebook), so nbtrain takes no secrets in it. Remove it and set it in the environment, "
+    "which the training process inherits: HF_TOKEN (or run `hf auth login` once) for the Hugging Face "
+    "Hub, WANDB_API_KEY (or `wandb login`) for Weights & Biases"
+)
+
+
+def _is_secret_key(key: str) -> bool:
+    k = key.lower()
+    return k in _SECRET_KEYS or k.endswith(_SECRET_SUFFIXES)
+
+
+def _secret_problems(raw: dict[str, Any], probs: _Problems) -> None:
+    """Refuse credentials anywhere in the config (a secret-named key with a text value, or a value that
+    is a Hugging Face token), without repeating them."""
+    seen: set[int] = set()  # a shared (aliased) value is looked at once
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), raw)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict | list):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(v, str) and v.strip() and _is_secret_key(str(k)):
+                    probs.add((*path, str(k)), f"'{k}' holds a secret: {SECRET_ADVICE}", secret=v)
+                else:
+                    stack.append(((*path, str(k)), v))
+        elif isinstance(value, list):
+            stack.extend(((*path, i), v) for i, v in enumerate(value))
+        elif isinstance(value, str) and (m := _HF_TOKEN_VALUE.search(value)):
+            probs.add(path, f"this value holds a Hugging Face token: {SECRET_ADVICE}", secret=m.group(0))
+
+
+# ------------------------------------------------------------------------------------ world checks
+
+
+@lru_cache(maxsize=4)
+def bitsandbytes_problem(sys_path: tuple[str, ...]) -> str | None:
+    """Why bitsandbytes cannot load here, or None. Checked in a subprocess: the kernel never imports it."""
+    del sys_path  # part of the cache key only
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return "bitsandbytes is not installed; install it (`pip install bitsandbytes`) or use method: lora"
+    probe = subprocess.run(
+        [sys.executable, "-c", "import bitsandbytes, torch; print(bitsandbytes.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return (
+            f"bitsandbytes is installed but cannot load: {last}. Fix the install "
+            f"(`pip install -U bitsandbytes`) or use method: lora"
+        )
+    return None
+
+
+def _check_model(spec: str, base: Path, probs: _Problems) -> str:
+    if not spec.startswith((".", "/", "~")) and ".." in re.split(r"[/\\]", spec):
+        # Qwen/Qwen2.5-0.5B/../../../other reads as a Hub id (and passes a preset's 'Qwen/*') but is a
+        # path to a folder elsewhere on this machine.
+        probs.add(
+            ("model",),
+            f"{spec!r} has a '..' part: a Hub id is 'org/name' and never holds '..'. For a folder on this "
+            f"machine write its path (./models/name or /abs/path/name)",
+        )
+        return "hub"
+    path = Path(spec).expanduser()
+    if not path.is_absolute():
+        path = (base / path).resolve()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            probs.add(
+                ("model",),
+                f"{path} is not a model directory (no config.json); point model: at "
+                f"a directory saved with save_pretrained(), or give a hub id",
+            )
+        return "local"
+    looks_like_path = spec.startswith((".", "/", "~")) or "\\" in spec or spec.count("/") > 1
+    if path.exists():
+        probs.add(
+            ("model",), f"{path} is a file; model: takes a directory saved with save_pretrained() or a hub id"
+        )
+    elif looks_like_path or not _HUB_MODEL.match(spec):
+        try:
+            names = [p.name for p in path.parent.iterdir() if p.is_dir()]
+        except OSError:
+            names = []
+        close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+        hint = f"; did you mean '{path.parent / close[0]}'?" if close else ""
+        probs.add(("model",), f"model path not found: {path}{hint}")
+    return "hub"
+
+
+def _check_train(train: dict[str, Any], precision: Any, probs: _Problems, objective: str = "sft") -> None:
+    for key, value in train.items():
+        key = str(key)
+        if key in ("bf16", "fp16"):
+            if not isinstance(value, bool):
+                probs.add(("train", key), f"{value!r} is not valid for {key}: expected true/false")
+            elif value and precision not in ("auto", key):
+                probs.add(("train", key), f"conflicts with precision: {precision}; set only precision: {key}")
+            continue
+        if key == "per_device_train_batch_size" and value == "auto":
+            continue  # the planner picks the largest micro-batch that fits (see plan.py)
+        msg = trainargs.check_key(key, objective)
+        home = _home_of(key, ("train",), objective) if msg and key not in trainargs.RENAMED else None
+        if home is not None:
+            msg = elsewhere_message(key, ("train",), home)
+        elif msg is None:
+            msg = trainargs.check_value(key, value, objective)
+        if msg is None and key == "report_to":
+            msg = tracking.report_to_problem(value)
+        if msg:
+            probs.add(("train", key), msg)
+        elif isinstance(value, dict | list):  # lr_scheduler_kwargs: {eta_min: .nan}, ...
+            for where, bad in trainargs.non_finite(value):
+                probs.add(
+                    ("train", key, *where), f"{bad!r} is not a number a trainer can use: give a finite number"
+                )
+
+
+def _check_distributed(cfg: RunConfig, base: Path, probs: _Problems) -> dict[str, Any] | None:
+    """Combinations that cannot work, rejected before launch. Returns a user DeepSpeed config, if any."""
+    d = cfg.distributed
+    where = ("distributed",)
+    zero = d.strategy in ZERO_STAGES
+    if d.offload != "none" and not (zero or d.strategy == "auto"):
+        probs.add(
+            (*where, "offload"),
+            f"offload needs a DeepSpeed ZeRO strategy (zero1, zero2 or zero3), not strategy: {d.strategy}",
+        )
+    if d.offload == "optimizer+params" and d.strategy not in ("zero3", "auto"):
+        probs.add(
+            (*where, "offload"),
+            "offloading parameters needs strategy: zero3 (ZeRO-1/2 keep every "
+            "parameter on each device); use offload: optimizer, or zero3",
+        )
+    if cfg.method == "qlora" and d.strategy == "zero3":
+        probs.add(
+            (*where, "strategy"),
+            "method: qlora cannot combine with zero3 here: ZeRO-3 partitions "
+            "parameters, and bitsandbytes 4-bit weights cannot be partitioned. "
+            "Use strategy: ddp or zero2, or method: lora with zero3",
+        )
+    if d.strategy == "fsdp":
+        # A run under accelerate's FSDP config completed on CPU but its ranks still held every parameter
+        # and the whole optimizer state: nothing showed it was sharded, so it is refused rather than
+        # offered untested.
+        probs.add(
+            (*where, "strategy"),
+            "fsdp is not supported yet: nbtrain could not verify that it shards "
+            "on this stack. Use strategy: zero3 (DeepSpeed) to shard parameters, "
+            "gradients and optimizer state",
+        )
+    if d.strategy == "none" and isinstance(d.num_processes, int) and d.num_processes > 1:
+        probs.add(
+            (*where, "num_processes"),
+            f"{d.num_processes} processes need a strategy that uses them: ddp, zero1, zero2, zero3 or fsdp",
+        )
+    if d.launcher == "notebook" and d.nodes > 1:
+        probs.add(
+            (*where, "launcher"),
+            "launcher: notebook runs on this machine only; use torchrun or deepspeed for nodes > 1",
+        )
+    if d.launcher == "deepspeed" and d.strategy in ("fsdp",):
+        probs.add((*where, "launcher"), "fsdp runs under accelerate or torchrun, not the deepspeed launcher")
+    if d.nodes > 1 and d.hostfile is None and d.slurm is None:
+        probs.add(
+            (*where, "nodes"),
+            f"nodes: {d.nodes} needs hostfile: PATH (one 'host slots=N' line per "
+            f"node) or slurm: {{partition: ...}}",
+        )
+    if d.hostfile is not None:
+        hf = (base / Path(d.hostfile).expanduser()).resolve()
+        if not hf.is_file():
+            probs.add((*where, "hostfile"), f"hostfile not found: {hf}")
+        else:
+            try:
+                with hf.open(encoding="utf-8", errors="replace") as f:
+                    hosts = [ln for ln in f.read(2**20).splitlines() if ln.split("#", 1)[0].strip()]
+            except OSError as e:
+                probs.add((*where, "hostfile"), f"cannot read the hostfile {hf}: {e.strerror}")
+            else:
+                if len(hosts) < d.nodes:
+                    probs.add(
+                        (*where, "nodes"),
+                        f"nodes: {d.nodes} but {hf} lists {len(hosts)} host(s); list one 'host slots=N' "
+                        f"line per node, or lower nodes",
+                    )
+    user_ds: dict[str, Any] | None = None
+    if d.deepspeed_config is not None:
+        if d.strategy not in ("auto", *ZERO_STAGES):
+            probs.add(
+                (*where, "deepspeed_config"),
+                f"a DeepSpeed config needs strategy zero1/zero2/zero3 or auto, not {d.strategy}",
+            )
+        path = (base / Path(d.deepspeed_config).expanduser()).resolve()
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            probs.add((*where, "deepspeed_config"), f"DeepSpeed config not found: {path}")
+        except (OSError, ValueError) as e:
+            probs.add((*where, "deepspeed_config"), f"{path.name} is not valid JSON: {e}")
+        else:
+            problem = deepspeed_config_problem(loaded)
+            if problem:
+                probs.add((*where, "deepspeed_config"), f"{path.name}: {problem}")
+            else:
+                user_ds = loaded
+                stage = loaded.get("zero_optimization", {}).get("stage", 0)
+                if d.strategy in ZERO_STAGES and ZERO_STAGES[d.strategy] != stage:
+                    probs.add(
+                        (*where, "strategy"),
+                        f"strategy {d.strategy} but {path.name} has ZeRO "
+                        f"stage {stage}; make them agree or use strategy: auto",
+                    )
+    return user_ds
+
+
+def deepspeed_config_problem(ds: Any) -> str | None:
+    if not isinstance(ds, dict):
+        return "a DeepSpeed config is a JSON object"
+    zero = ds.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        return "zero_optimization must be an object"
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        return f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}"
+    for key in ("offload_optimizer", "offload_param"):
+        sub = zero.get(key)
+        ok = isinstance(sub, dict) and sub.get("device") in ("cpu", "nvme", "none")
+        if sub is not None and not ok:
+            return f"zero_optimization.{key}.device must be cpu, nvme or none"
+    if zero.get("offload_param") and zero["offload_param"].get("device") not in (None, "none") and stage != 3:
+        return "offload_param needs zero_optimization.stage 3"
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
+        v = ds.get(key)
+        if v is not None and v != "auto" and not (isinstance(v, int) and v > 0):
+            return f'{key} must be a positive integer or "auto", got {v!r}'
+    return None
+
+
+def unavailable_objective(name: str) -> str:
+    """Why ``objective: name`` cannot run with the installed TRL."""
+    try:
+        from importlib.metadata import version
+
+        trl_version = version("trl")
+    except Exception:  # noqa: BLE001 - the version only decorates the message
+        trl_version = "1.x"
+    return f"objective: {name} is not available in TRL {trl_version}: {UNAVAILABLE[name]}"
+
+
+def _objective_sections(cfg: RunConfig, probs: _Problems) -> None:
+    """Combinations of objective, data format, rewards and train: keys that TRL would reject later."""
+    obj = cfg.objective
+    if obj not in OBJECTIVES:
+        return  # reported as unavailable already
+    fmt = cfg.data.format
+    if fmt != "auto" and fmt not in OBJECTIVES[obj].formats:
+        kind = "SFT data" if fmt in SFT_FORMATS else f"{fmt} data"
+        usable = ", ".join(OBJECTIVES[obj].formats)
+        probs.add(
+            ("data", "format"),
+            f"format: {fmt} is {kind}, which objective: {obj} does not train on; use format: auto or "
+            f"{usable}",
+        )
+    if obj == "grpo" and not cfg.rewards:
+        probs.add(
+            ("objective",),
+            "objective: grpo learns from reward functions: add rewards: [my_reward] naming a function "
+            "defined in the notebook (def my_reward(completions, **kwargs) -> list[float]), or a built-in "
+            "(format_reward, length_reward)",
+        )
+    if obj != "grpo" and cfg.rewards:
+        probs.add(("rewards",), f"rewards: applies to objective: grpo only (objective is {obj})")
+    if obj == "grpo" and cfg.rewards:
+        weights = cfg.train.get("reward_weights")
+        if isinstance(weights, list) and len(weights) != len(cfg.rewards):
+            probs.add(
+                ("train", "reward_weights"),
+                f"{len(weights)} reward_weights for {len(cfg.rewards)} rewards; give one weight per reward",
+            )
+        gens = cfg.train.get("num_generations")
+        if isinstance(gens, int) and not isinstance(gens, bool) and gens < 2:
+            probs.add(
+                ("train", "num_generations"), "GRPO compares completions of a prompt: num_generations >= 2"
+            )
+
+
+def planned_problems(res: Resolved, args: dict[str, Any], world_size: int) -> None:
+    """Checks that need the plan: the number of processes and the batch sizes (the planner may choose
+    them). Raises ConfigError; called by prepare() before anything starts."""
+    cfg = res.config
+    if cfg.objective not in OBJECTIVES:
+        return
+    defaults = trainargs.fields_for(cfg.objective)
+
+    def value(key: str) -> Any:
+        """As the TRL config will see it: the planned args, else the config's default."""
+        return args[key] if key in args else (defaults[key].default if key in defaults else None)
+
+    items: list[tuple[tuple[str | int, ...], str]] = []
+    bs = value("per_device_train_batch_size")
+    if cfg.objective == "kto" and value("loss_type") == "kto" and isinstance(bs, int) and bs <= 1:
+        items.append(
+            (
+                ("train", "per_device_train_batch_size"),
+                "KTO estimates its KL term from the other completions in a batch, so it needs "
+                "per_device_train_batch_size of 2 or more",
+            )
+        )
+    if cfg.objective == "grpo":
+        items += _grpo_batch_problems(cfg, value, world_size)
+    if items:
+        raise problems_error(res.text, items)
+
+
+def _grpo_batch_problems(
+    cfg: RunConfig, value: Callable[[str], Any], world_size: int
+) -> list[tuple[tuple[str | int, ...], str]]:
+    # GRPO samples num_generations completions per prompt, and each generation batch holds whole groups.
+    gens, bs = value("num_generations"), value("per_device_train_batch_size")
+    steps = value("steps_per_generation") or value("gradient_accumulation_steps")
+    items: list[tuple[tuple[str | int, ...], str]] = []
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (gens, bs, steps)) or gens < 2:
+        return items  # reported by load_config, or by TRL's own check at start
+    given = value("generation_batch_size")
+    batch = given if isinstance(given, int) else bs * world_size * steps
+    if batch % gens:
+        how = (
+            "generation_batch_size"
+            if isinstance(given, int)
+            else f"per_device_train_batch_size {bs} x {world_size} process(es) x steps_per_generation {steps}"
+        )
+        where = "num_generations" if "num_generations" in cfg.train else "per_device_train_batch_size"
+        items.append(
+            (
+                ("train", where),
+                f"the generation batch ({batch} = {how}) must be a multiple of num_generations ({gens}): "
+                f"each prompt's {gens} completions are compared with each other",
+            )
+        )
+    eval_bs, eval_gens = value("per_device_eval_batch_size"), value("num_generations_eval") or gens
+    if (
+        value("eval_strategy") not in (None, "no")
+        and isinstance(eval_bs, int)
+        and (eval_bs * world_size) % eval_gens
+    ):
+        where = (
+            "per_device_eval_batch_size" if "per_device_eval_batch_size" in cfg.train else "num_generations"
+        )
+        items.append(
+            (
+                ("train", where),
+                f"evaluation samples {eval_gens} completions per prompt: per_device_eval_batch_size x "
+                f"processes ({eval_bs * world_size}) must be a multiple of {eval_gens}",
+            )
+        )
+    return items
+
+
+def _method_sections(cfg: RunConfig, probs: _Problems) -> None:
+    has_eval = cfg.data.eval is not None or cfg.data.eval_split is not None
+    # (a value that is not a strategy, eval_strategy: step, has its own problem and only that one)
+    if cfg.train.get("eval_strategy", "no") in ("steps", "epoch") and not has_eval:
+        probs.add(
+            ("train", "eval_strategy"),
+            "evaluation needs eval data: add data: eval_split: 0.1 or data: eval: PATH",
+        )
+    if cfg.method == "full" and cfg.lora is not None:
+        probs.add(
+            ("lora",),
+            "method: full trains every weight and takes no lora: section; remove it, or use method: lora",
+        )
+    if cfg.method not in ("qlora", "auto") and cfg.quantization is not None:
+        probs.add(("quantization",), f"quantization: applies to method: qlora only (method is {cfg.method})")
+
+
+def _data_sections(cfg: RunConfig, probs: _Problems) -> None:
+    d = cfg.data
+    if not d.streaming:
+        return
+    steps = cfg.train.get("max_steps")
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps > 0):
+        probs.add(
+            ("data", "streaming"),
+            "streaming: true reads the data as it trains, so its length is unknown and epochs cannot be "
+            "counted: set train: max_steps: N (the number of optimizer steps to run)",
+        )
+    if isinstance(d.eval_split, float):
+        probs.add(
+            ("data", "eval_split"),
+            f"eval_split: {d.eval_split} is a fraction, but a streamed dataset has no known length: give a "
+            f"number of rows (eval_split: 200 holds out the first 200) or eval: PATH",
+        )
+
+
+def _check_sources(
+    data: dict[str, Any],
+    fmt: str,
+    columns: dict[str, str] | None,
+    base: Path,
+    objective: str,
+    probs: _Problems,
+) -> list[DataSource]:
+    """Inspect every ``data: train:`` source (a string or a list of them) with its own format and
+    column mapping; sources that cannot be mixed (conversations with plain text, ...) are a problem."""
+    train = data.get("train")
+    if isinstance(train, str) and train:
+        try:
+            return [inspect_data(train, fmt, base, objective, columns)]
+        except DataProblem as e:
+            probs.add(("data", "train"), str(e))
+            return []
+    if not isinstance(train, list):
+        return []
+    out: list[DataSource] = []
+    for i, item in enumerate(train):
+        try:
+            spec = DataSourceSettings.model_validate(item)
+        except ValidationError:
+            continue  # reported by the schema pass
+        src_fmt = spec.format or fmt
+        try:
+            src = inspect_data(
+                spec.path, src_fmt, base, objective, spec.columns or columns, split=spec.split,
+                data_files=spec.data_files,
+            )  # fmt: skip
+        except DataProblem as e:
+            probs.add(("data", "train", i, "path"), str(e))
+            continue
+        out.append(replace(src, weight=spec.weight, split=spec.split, columns=spec.columns))
+    if len(out) != len(train):
+        return out
+    kinds: dict[str, list[str]] = {}
+    for src in out:
+        if src.format == "auto":
+            continue  # a hub dataset: checked in the worker
+        kind = src.format
+        if objective == "sft":
+            kind = "plain text" if src.format == "text" else "conversations"
+        kinds.setdefault(kind, []).append(Path(src.spec).name)
+    if len(kinds) > 1:
+        parts = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in kinds.items())
+        probs.add(
+            ("data", "train"),
+            f"these sources cannot be mixed, the trainer takes one kind of row ({parts}); convert them to "
+            f"one format or train on them in separate runs",
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------- entry
+
+
+def problems_error(text: str, items: list[tuple[tuple[str | int, ...], str]]) -> ConfigError:
+    """A ConfigError for problems found after load_config (the notebook's reward functions), pointing
+    at the YAML lines of ``text`` as load_config's own problems do."""
+    probs = _Problems(text)
+    for path, message in items:
+        probs.add(path, message)
+    return ConfigError(sorted(probs.items, key=lambda p: (p.line or 0, p.path)))
+
+
+def parse_source(source: str | Path | dict[str, Any]) -> tuple[dict[str, Any] | Any, str, Path]:
+    """Return (raw object, YAML text, base dir for relative paths). Raises ConfigError on bad YAML."""
+    base = Path.cwd()
+    if isinstance(source, dict):
+        return source, yaml.safe_dump(source, sort_keys=False), base
+    if isinstance(source, Path) or (
+        isinstance(source, str) and "\n" not in source and source.strip().endswith((".yaml", ".yml"))
+    ):
+        p = Path(source).expanduser()
+        if not p.is_file():
+            raise ConfigError([Problem("", f"config file not found: {p.resolve()}")])
+        with p.open(encoding="utf-8") as f:
+            text = f.read(MAX_YAML_BYTES + 1)  # a longer file is refused by load_yaml, not read whole
+    else:
+        text = str(source)
+    try:
+        raw = load_yaml(text)  # yaml.safe_load, with the size and alias expansion bounded
+    except YamlProblem as e:
+        lines = text.splitlines()
+
+        def source_of(line: int | None) -> str | None:
+            return lines[line - 1] if line and line <= len(lines) else None
+
+        if isinstance(e, DuplicateKeys):
+            raise ConfigError(
+                [
+                    Problem(".".join(d.path), d.message(), d.again, source_of(d.again), d.column)
+                    for d in e.found
+                ]
+            ) from None
+        what = "YAML syntax error" if isinstance(e, YamlSyntax) else "config refused"
+        raise ConfigError([Problem("", f"{what}: {e}", e.line, source_of(e.line), e.column)]) from None
+    return raw, text, base
+
+
+class ConfigRules(Protocol):
+    """Rules applied to a config as it is read: a lab preset (nbtrain.control.config.preset.Preset) is one.
+    Typed here so that the schema does not import the preset (which sits beside it, not below it)."""
+
+    def fill(self, raw: Mapping[Any, Any]) -> dict[Any, Any]: ...
+
+    def config_problems(
+        self, raw: Mapping[Any, Any], base: Path
+    ) -> list[tuple[tuple[str | int, ...], str]]: ...
+
+
+def load_config(
+    source: str | Path | dict[str, Any], *, name: str | None = None, preset: ConfigRules | None = None
+) -> Resolved:
+    """Validate a config and everything it points at; raise ConfigError listing every problem.
+
+    With a lab ``preset`` (nbtrain.control.config.preset), what it fixes and the config leaves out is
+    filled in first, and its violations are reported with the other problems."""
+    raw, text, base = parse_source(source)
+    probs = _Problems(text)
+    if raw is None:
+        raise ConfigError([Problem("", "the config is empty; it needs at least model: and data: train:")])
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            [
+                Problem(
+                    "", f"the config must be a mapping of keys (model:, data:, ...), got {type(raw).__name__}"
+                )
+            ]
+        )
+    _secret_problems(raw, probs)
+    if name is not None:
+        raw = {**raw, "name": name}
+    preset_items: list[tuple[tuple[str | int, ...], str]] = []
+    if preset is not None:
+        raw = preset.fill(raw)
+        preset_items = preset.config_problems(raw, base)  # listed after the config's own problems
+    cfg: RunConfig | None = None
+    try:
+        cfg = RunConfig.model_validate(raw)
+    except ValidationError as e:
+        _schema_problems(e, raw, probs)
+
+    # The checks below look at the world. They run on whatever parts parsed, so one pass reports
+    # every problem it can, not only the schema's.
+    model = raw.get("model")
+    model_kind = _check_model(model, base, probs) if isinstance(model, str) and model else "local"
+    objective = raw.get("objective", "sft")
+    if isinstance(objective, str) and objective in UNAVAILABLE:
+        probs.add(("objective",), unavailable_objective(objective))
+    # train: keys are checked against the objective's TRL config; an unknown or unavailable objective
+    # has none, and is reported on its own.
+    known_objective = objective if isinstance(objective, str) and objective in OBJECTIVES else None
+    train = raw.get("train")
+    if isinstance(train, dict) and known_objective is not None:
+        _check_train(train, raw.get("precision", "auto"), probs, known_objective)
+    user_ds: dict[str, Any] | None = None
+    if cfg is not None:
+        _method_sections(cfg, probs)
+        _data_sections(cfg, probs)
+        _objective_sections(cfg, probs)
+        user_ds = _check_distributed(cfg, base, probs)
+    data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
+    fmt = data.get("format", "auto")
+    fmt = fmt if fmt in ("auto", *FORMATS) else "auto"
+    # Rows are checked after data: columns: renames them; with a broken mapping (reported already)
+    # every row would look wrong, so they wait until it is fixed.
+    columns: dict[str, str] | None = None
+    try:
+        columns = DataSettings.model_validate({"train": "-", "columns": data.get("columns")}).columns
+        columns_ok = True
+    except ValidationError:
+        columns_ok = False
+    sources: dict[str, DataSource] = {}
+    train_sources: list[DataSource] = []
+    if known_objective is not None and columns_ok:
+        train_sources = _check_sources(data, fmt, columns, base, known_objective, probs)
+        if isinstance(data.get("eval"), str) and data["eval"]:
+            try:
+                sources["eval"] = inspect_data(data["eval"], fmt, base, known_objective, columns)
+            except DataProblem as e:
+                probs.add(("data", "eval"), str(e))
+    if raw.get("method") == "qlora":
+        why = bitsandbytes_problem(tuple(sys.path))
+        if why:
+            probs.add(("method",), f"method: qlora needs bitsandbytes: {why}")
+    for path, message in preset_items:
+        probs.add(path, message)
+    if probs.items or cfg is None:
+        raise ConfigError(sorted(probs.items, key=lambda p: (p.line or 0, p.path)))
+    train_src, eval_src = train_sources[0], sources.get("eval")
+
+    # Fill defaults that depend on the method, and make paths absolute for the worker.
+    updates: dict[str, Any] = {}
+    if cfg.method in ("lora", "qlora", "auto") and cfg.lora is None:
+        updates["lora"] = LoraSettings.model_validate({})
+    if cfg.method in ("qlora", "auto") and cfg.quantization is None:
+        updates["quantization"] = QuantSettings.model_validate({})
+    if model_kind == "local":
+        updates["model"] = str((base / Path(cfg.model).expanduser()).resolve())
+    data_updates: dict[str, Any] = {"train": train_src.location}
+    if isinstance(cfg.data.train, list):
+        data_updates["train"] = [
+            s.model_copy(update={"path": src.location})
+            for s, src in zip(cfg.data.train, train_sources, strict=True)
+        ]
+    if eval_src is not None:
+        data_updates["eval"] = eval_src.location
+    updates["data"] = cfg.data.model_copy(update=data_updates)
+    cfg = cfg.model_copy(update=updates)
+    dist_updates: dict[str, Any] = {}
+    for key in ("hostfile", "deepspeed_config"):
+        value = getattr(cfg.distributed, key)
+        if value is not None:
+            dist_updates[key] = str((base / Path(value).expanduser()).resolve())
+    if dist_updates:
+        cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update=dist_updates)})
+    notes = [
+        f"data: {train_src.kind} file, format {train_src.format}"
+        + (" (detected)" if cfg.data.format == "auto" and train_src.kind != "hub" else "")
+    ]
+    if len(train_sources) > 1:
+        how = (
+            f"mixed by weight ({cfg.data.stopping_strategy})"
+            if train_sources[0].weight is not None
+            else "concatenated"
+        )
+        notes[0] = f"data: {len(train_sources)} sources {how}: " + ", ".join(
+            f"{Path(s.spec).name} [{s.kind}, {s.format}" + (f", weight {s.weight:g}]" if s.weight else "]")
+            for s in train_sources
+        )
+    if cfg.data.streaming:
+        notes.append(f"data: streaming (an IterableDataset; {cfg.train['max_steps']} steps)")
+    if cfg.objective != "sft":
+        notes.append(f"objective: {cfg.objective} ({OBJECTIVES[cfg.objective].summary})")
+    return Resolved(cfg, text, model_kind, train_src, eval_src, notes, user_ds, train_sources)

@@ -1,0 +1,257 @@
+"""What a multi-process run needs written and typed: the DeepSpeed JSON, the accelerate config, the
+launcher command per node, a free rendezvous port, hostfiles and SLURM scripts.
+
+Scaling itself is DeepSpeed's and torch.distributed's job; this module only produces their inputs, so
+everything here is plain data and argv lists (kernel-safe: no torch import).
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nbtrain.contract.errors import ConfigError, Problem
+from nbtrain.control.config.choices import ZERO_STAGES
+from nbtrain.control.config.schema import Resolved
+from nbtrain.control.plan.planner import Plan
+
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+
+
+def deepspeed_config(res: Resolved, plan: Plan, args: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSpeed JSON for a ZeRO plan, every "auto" replaced by the value the Trainer will use.
+
+    A user-given config is the starting point; values it sets explicitly must agree with ``train:``
+    (the Trainer would refuse a mismatch deep inside the first step, so it is checked here).
+    """
+    ds: dict[str, Any] = copy.deepcopy(res.user_deepspeed) if res.user_deepspeed else {}
+    stage = ZERO_STAGES[plan.strategy]
+    zero = ds.setdefault("zero_optimization", {})
+    zero.setdefault("stage", stage)
+    pin = plan.device == "cuda"
+    if plan.offload in ("optimizer", "optimizer+params"):
+        zero.setdefault("offload_optimizer", {"device": "cpu", "pin_memory": pin})
+    if plan.offload == "optimizer+params":
+        zero.setdefault("offload_param", {"device": "cpu", "pin_memory": pin})
+    if stage == 3:
+        # Save a whole model (not shards) at the end, so output/ loads with from_pretrained.
+        zero.setdefault("stage3_gather_16bit_weights_on_model_save", True)
+    micro = int(args.get("per_device_train_batch_size", 8))
+    accum = int(args.get("gradient_accumulation_steps", 1))
+    wanted = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum,
+        "train_batch_size": micro * accum * plan.world_size,
+        "gradient_clipping": float(args.get("max_grad_norm", 1.0)),
+    }
+    problems = []
+    for key, value in wanted.items():
+        given = ds.get(key, "auto")
+        if given == "auto":
+            ds[key] = value
+        elif given != value:
+            problems.append(
+                Problem(
+                    "distributed.deepspeed_config",
+                    f"{key} is {given} in the DeepSpeed config but the training arguments give {value}; "
+                    f'set it to "auto" or make train: agree',
+                )
+            )
+    if problems:
+        raise ConfigError(problems)
+    for key, on in (("bf16", plan.precision == "bf16"), ("fp16", plan.precision == "fp16")):
+        section = ds.setdefault(key, {})
+        if section.get("enabled", "auto") == "auto":
+            section["enabled"] = on
+    if plan.offload != "none" and "optimizer" not in ds:
+        # ZeRO-Offload steps the optimizer on the CPU: DeepSpeed's CPU Adam does that (a compiled op).
+        ds["optimizer"] = {
+            "type": "AdamW",
+            "params": {
+                "lr": float(args.get("learning_rate", 2e-5)),
+                "betas": [float(args.get("adam_beta1", 0.9)), float(args.get("adam_beta2", 0.999))],
+                "eps": float(args.get("adam_epsilon", 1e-8)),
+                "weight_decay": float(args.get("weight_decay", 0.0)),
+            },
+        }
+    ds.setdefault("steps_per_print", 10**9)  # the run directory has the metrics; keep the logs quiet
+    return ds
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now. The OS hands out distinct ephemeral ports, so runs started at
+    the same moment get different ones."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    slots: int
+
+    @property
+    def local(self) -> bool:
+        return self.name in LOCAL_HOSTS
+
+
+def read_hostfile(path: str | Path) -> list[Host]:
+    """DeepSpeed's hostfile format: one ``hostname slots=N`` per line; '#' starts a comment."""
+    hosts = []
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        slots = 1
+        for p in parts[1:]:
+            if p.startswith("slots="):
+                try:
+                    slots = int(p.removeprefix("slots="))
+                except ValueError:
+                    raise ConfigError(
+                        [
+                            Problem(
+                                "distributed.hostfile", f"line {lineno} of {path}: slots must be an integer"
+                            )
+                        ]
+                    ) from None
+        hosts.append(Host(parts[0], slots))
+    return hosts
+
+
+def worker_module_args(run_dir: Path) -> list[str]:
+    return ["-m", "nbtrain.worker", str(run_dir)]
+
+
+def node_argv(
+    plan: Plan, run_dir: Path, *, port: int, master_addr: str = "127.0.0.1", node_rank: int = 0
+) -> list[str]:
+    """The command that starts this plan's processes on one node."""
+    n, py = plan.num_processes, sys.executable
+    if plan.launcher == "direct":
+        return [py, *worker_module_args(run_dir)]
+    if plan.launcher == "torchrun":
+        return [
+            py, "-m", "torch.distributed.run",
+            f"--nproc-per-node={n}", f"--nnodes={plan.nodes}", f"--node-rank={node_rank}",
+            f"--master-addr={master_addr}", f"--master-port={port}",
+            *worker_module_args(run_dir),
+        ]  # fmt: skip
+    if plan.launcher == "deepspeed":
+        # --num_gpus also on CPU: without it DeepSpeed's CPU accelerator starts a single rank.
+        return [
+            py, "-m", "deepspeed.launcher.runner",
+            "--num_gpus", str(n), "--num_nodes", "1",
+            "--master_addr", master_addr, "--master_port", str(port),
+            "--no_local_rank", "--module", "nbtrain.worker", str(run_dir),
+        ]  # fmt: skip
+    if plan.launcher == "accelerate":
+        return [
+            py, "-m", "accelerate.commands.launch",
+            "--config_file", str(run_dir / "accelerate.yaml"),
+            "--main_process_port", str(port), "--machine_rank", str(node_rank),
+            "--main_process_ip", master_addr,
+            *worker_module_args(run_dir),
+        ]  # fmt: skip
+    raise ValueError(f"no command line for launcher {plan.launcher!r}")
+
+
+def accelerate_config(plan: Plan, run_dir: Path) -> dict[str, Any]:
+    """accelerate's config file for this plan (``accelerate launch --config_file``)."""
+    if plan.strategy.startswith("zero"):
+        kind = "DEEPSPEED"
+    elif plan.strategy == "fsdp":
+        kind = "FSDP"
+    else:
+        # accelerate's MULTI_CPU means MPI; its MULTI_GPU launcher is torchrun, which runs CPU ranks over
+        # gloo just as well when use_cpu is set.
+        kind = "MULTI_GPU"
+    cfg: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": kind,
+        "num_machines": plan.nodes,
+        "num_processes": plan.world_size,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "no"),
+        "use_cpu": plan.device == "cpu",
+        "rdzv_backend": "static",
+        "same_network": True,
+    }
+    if kind == "DEEPSPEED":
+        # The DeepSpeed JSON already says the precision; accelerate refuses to be told twice.
+        del cfg["mixed_precision"]
+        cfg["deepspeed_config"] = {
+            "deepspeed_config_file": str(run_dir / "deepspeed.json"),
+            "zero3_init_flag": plan.strategy == "zero3",
+        }
+    if kind == "FSDP":
+        cfg["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_state_dict_type": "FULL_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": False,
+            "fsdp_offload_params": plan.offload != "none",
+        }
+    if plan.device == "cuda":
+        cfg["gpu_ids"] = ",".join(str(g) for g in plan.gpus)
+    return cfg
+
+
+def write_launch_files(plan: Plan, run_dir: Path, *, into: Path | None = None) -> None:
+    """Write deepspeed.json / accelerate.yaml for the run at ``run_dir``: visible, copyable, and what runs.
+    ``into``: where to write them now (a run directory being built beside its final place)."""
+    into = into or run_dir
+    if plan.deepspeed is not None:
+        import json
+
+        (into / "deepspeed.json").write_text(json.dumps(plan.deepspeed, indent=2) + "\n", encoding="utf-8")
+    if plan.launcher == "accelerate":
+        text = yaml.safe_dump(accelerate_config(plan, run_dir), sort_keys=False)
+        (into / "accelerate.yaml").write_text(text, encoding="utf-8")
+
+
+def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any]) -> str:
+    """An sbatch script that starts one torchrun per node, rendezvousing on the first node."""
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=nbtrain-{run_dir.name}",
+        f"#SBATCH --nodes={plan.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --time={slurm.get('time', '04:00:00')}",
+        f"#SBATCH --output={run_dir / 'logs' / 'slurm-%j.log'}",
+    ]
+    if slurm.get("partition"):
+        lines.append(f"#SBATCH --partition={slurm['partition']}")
+    if slurm.get("account"):
+        lines.append(f"#SBATCH --account={slurm['account']}")
+    if slurm.get("gpus_per_node"):
+        lines.append(f"#SBATCH --gpus-per-node={slurm['gpus_per_node']}")
+    if slurm.get("cpus_per_task"):
+        lines.append(f"#SBATCH --cpus-per-task={slurm['cpus_per_task']}")
+    lines += [f"#SBATCH {x}" for x in slurm.get("extra", [])]
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc-per-node={plan.num_processes}", f"--nnodes={plan.nodes}",
+        "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
+        *worker_module_args(run_dir),
+    ]  # fmt: skip
+    cmd = " ".join(a if a.startswith("--rdzv-") else shlex.quote(a) for a in torchrun)
+    lines += [
+        "set -euo pipefail",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "MASTER_PORT=${MASTER_PORT:-29500}",
+        "export MASTER_ADDR MASTER_PORT",
+        f"srun {cmd}",
+        "",
+    ]
+    return "\n".join(lines)

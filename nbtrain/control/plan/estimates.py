@@ -1,0 +1,115 @@
+"""The memory estimator applied to configs and machines: a config's training shape, and the comparison
+of every method x strategy on this hardware that ``nbtrain.estimate`` shows.
+
+The estimator (nbtrain.control.memory) knows nothing of configs or hardware; this module translates a
+validated config into its arguments, and judges each row with the one fit rule (``fit.fits``) that the
+planner, and so ``start``, use too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nbtrain.control.config.choices import METHODS
+from nbtrain.control.config.schema import RunConfig
+from nbtrain.control.memory import Request, advice, estimate
+from nbtrain.control.plan.fit import fits
+from nbtrain.hardware import Hardware
+
+
+def request_for(
+    config: RunConfig,
+    precision: str = "bf16",
+    model_config: Mapping[str, Any] | None = None,
+    *,
+    micro_batch: int | None = None,
+) -> Request:
+    """The training shape a validated config asks for. ``precision`` is the plan's (the config may say
+    auto); ``micro_batch`` the plan's when it chose one (per_device_train_batch_size: auto)."""
+    train = config.train
+    seq = train.get("max_length", 1024)
+    if seq is None:  # TRL: no truncation; the model's context length is the worst case
+        seq = int((model_config or {}).get("max_position_embeddings", 1024))
+    if micro_batch is None:
+        asked = train.get("per_device_train_batch_size", 8)
+        micro_batch = int(asked) if asked != "auto" else 1
+    targets = config.lora.target_modules if config.lora else "auto"
+    return Request(
+        precision=precision,
+        micro_batch=micro_batch,
+        seq_len=int(seq),
+        gradient_checkpointing=bool(train.get("gradient_checkpointing", True)),
+        optim=str(train.get("optim", "adamw_torch_fused")),
+        lora_r=config.lora.r if config.lora else 8,
+        lora_targets=targets if isinstance(targets, str) else tuple(targets),
+        quant_bits=config.quantization.bits if config.quantization else 4,
+        double_quant=config.quantization.double_quant if config.quantization else True,
+        nodes=config.distributed.nodes,
+    )
+
+
+def _strategies(gpus: int) -> list[tuple[str, str, int]]:
+    """(strategy, offload, processes per node) worth comparing on a node with ``gpus`` GPUs."""
+    if gpus == 0:
+        return [("none", "none", 1)]
+    rows = [("none", "none", 1)]
+    if gpus > 1:
+        rows.append(("ddp", "none", gpus))
+    rows += [
+        ("zero2", "none", gpus),
+        ("zero2", "optimizer", gpus),
+        ("zero3", "none", gpus),
+        ("zero3", "optimizer", gpus),
+        ("zero3", "optimizer+params", gpus),
+    ]
+    return rows
+
+
+def compare_table(
+    model_config: Mapping[str, Any], hardware: Hardware, request: Request | None = None
+) -> list[dict[str, Any]]:
+    """Every method (full/lora/qlora) x strategy the machine's GPU count allows, and whether each fits.
+
+    Each row is judged by ``fit.fits``, the rule the planner applies before ``start``: ``reason`` is its
+    sentence, ``why`` adds, for a row that does not fit, the largest part and the setting that shrinks it.
+    Without a GPU the only rows are single-process CPU runs, measured against RAM (in fp32, as the planner
+    trains on CPU, unless ``request`` names a precision). qlora x zero3 is left out (nbtrain rejects it).
+    """
+    req = request or Request()
+    gpus = len(hardware.gpus)
+    device = "cuda" if gpus else "cpu"
+    kind = hardware.gpus[0].name if gpus else "CPU RAM"
+    precision = req.precision if gpus or request is not None else "fp32"
+    rows: list[dict[str, Any]] = []
+    for method in METHODS:
+        for strategy, offload, per_node in _strategies(gpus):
+            if method == "qlora" and strategy == "zero3":
+                continue
+            nodes = req.nodes if strategy != "none" else 1
+            kwargs = {**req.estimate_kwargs(), "precision": precision}
+            est = estimate(
+                model_config, method=method, strategy=strategy, offload=offload,
+                world_size=per_node * nodes, nodes=nodes, device=device, **kwargs,
+            )  # fmt: skip
+            fit = fits(est, hardware)
+            rows.append(
+                {
+                    "method": method,
+                    "strategy": strategy,
+                    "offload": offload,
+                    "world_size": per_node * nodes,
+                    "device": kind,
+                    "per_device_bytes": est.per_device_bytes,
+                    "capacity_bytes": fit.capacity,
+                    "usable_bytes": fit.usable,
+                    "cpu_bytes": est.cpu_bytes,
+                    "fits": fit.ok,
+                    "reason": fit.why,
+                    "why": fit.why if fit.ok or fit.need <= fit.usable else f"{fit.why}; {advice(est)}",
+                }
+            )
+    return rows
+
+
+__all__ = ["compare_table", "request_for"]

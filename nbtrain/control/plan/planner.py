@@ -1,0 +1,337 @@
+"""Hardware + validated config -> Plan: where and how a run trains, and why.
+
+The plan is recorded, with its reasons, in ``resolved.json`` and shown by ``--dry-run``: device,
+processes per node and nodes, the distributed strategy and launcher, precision, and the DeepSpeed
+config (its "auto" values resolved) when a ZeRO strategy is chosen.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from nbtrain.control import memory
+from nbtrain.control.config.schema import Resolved, RunConfig, bitsandbytes_problem
+from nbtrain.control.memory import Estimate
+from nbtrain.control.plan.estimates import request_for
+from nbtrain.control.plan.fit import MARGIN, Fit, fits
+from nbtrain.hardware import Hardware
+
+
+@dataclass
+class Plan:
+    device: str  # "cpu" | "cuda"
+    num_processes: int  # per node
+    launcher: str  # direct (python -m nbtrain.worker) | torchrun | deepspeed | accelerate | notebook
+    precision: str  # "fp32" | "fp16" | "bf16"
+    strategy: str = "none"  # none | ddp | zero1 | zero2 | zero3 | fsdp
+    offload: str = "none"
+    nodes: int = 1
+    gpus: list[int] = field(default_factory=list)
+    deepspeed: dict[str, Any] | None = None  # the DeepSpeed JSON, "auto" values resolved
+    method: str = "lora"  # full | lora | qlora, as chosen (method: auto) or given
+    micro_batch: int | None = None  # per_device_train_batch_size when the planner chose it
+    grad_accum: int | None = None  # gradient_accumulation_steps when the planner chose it
+    # Estimate.to_dict() of this plan, with the fit rule's capacity_bytes and usable_bytes, and the device
+    estimate: dict[str, Any] | None = None
+    fits: bool = True  # by nbtrain.control.plan.fit, the one rule the estimate's table uses too
+    fit_advice: str = ""  # when it does not fit: the fit rule's reason, then the smallest change that would
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_processes * self.nodes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "world_size": self.world_size}
+
+
+def _strategy(res: Resolved, hw: Hardware, reasons: list[str]) -> tuple[str, int]:
+    d = res.config.distributed
+    strategy: str = d.strategy
+    if strategy == "auto" and res.user_deepspeed is not None:
+        stage = res.user_deepspeed.get("zero_optimization", {}).get("stage", 0)
+        strategy = f"zero{stage}" if stage else "ddp"
+        reasons.append(f"strategy {strategy}: from the DeepSpeed config given")
+    n = d.num_processes
+    if n == "auto":
+        if strategy in ("auto", "none"):
+            n = max(1, len(hw.gpus)) if strategy == "auto" else 1
+        else:
+            # On CPU several processes over gloo make a real (if slow) distributed run: 2 is enough to
+            # exercise every collective without oversubscribing a small machine.
+            n = len(hw.gpus) if hw.gpus else 2
+    assert isinstance(n, int)
+    if strategy == "auto":
+        if d.offload != "none":
+            strategy = "zero3" if d.offload == "optimizer+params" else "zero2"
+            reasons.append(f"strategy {strategy}: offload: {d.offload} needs DeepSpeed ZeRO")
+        elif n * d.nodes > 1:
+            strategy = "ddp"
+            reasons.append(f"strategy ddp: {n * d.nodes} processes, and the model is replicated on each")
+        else:
+            strategy = "none"
+    if strategy != "none" and hw.gpus and n > len(hw.gpus):
+        reasons.append(f"{n} processes per node on {len(hw.gpus)} GPU(s): more processes than GPUs")
+    return strategy, n
+
+
+def _launcher(strategy: str, requested: str, world: int) -> str:
+    if requested != "auto":
+        return requested
+    if world == 1 and strategy == "none":
+        return "direct"  # a launcher parent costs ~4 s and ~250 MB for nothing
+    if strategy.startswith("zero"):
+        return "deepspeed"
+    if strategy == "fsdp":
+        return "accelerate"
+    return "torchrun"
+
+
+def make_plan(res: Resolved, hw: Hardware) -> Plan:
+    cfg = res.config
+    reasons: list[str] = []
+    warnings: list[str] = []
+    strategy, n = _strategy(res, hw, reasons)
+    d = cfg.distributed
+    world = n * d.nodes
+    if hw.gpus:
+        gpus = [g.index for g in hw.gpus[: max(1, n)]]
+        gpu = hw.gpus[0]
+        device = "cuda"
+        reasons.append(
+            f"{n} process(es) per node on GPU {', '.join(map(str, gpus))} ({gpu.name}, "
+            f"{gpu.memory_total / 2**30:.0f} GiB, compute {gpu.compute_capability[0]}."
+            f"{gpu.compute_capability[1]})"
+        )
+        if len(hw.gpus) > n:
+            reasons.append(f"{len(hw.gpus)} GPUs found; this run uses {n}")
+    else:
+        device, gpus = "cpu", []
+        why = f" ({hw.nvml_error})" if hw.nvml_error else ""
+        backend = ", gloo backend" if world > 1 else ""
+        reasons.append(f"{n} process(es) per node on CPU{backend}: no GPU found{why}")
+    if d.nodes > 1:
+        reasons.append(f"{d.nodes} nodes x {n} processes = world size {world}")
+
+    precision = cfg.precision
+    if precision == "auto":  # train.bf16 / train.fp16 from an HF-style config count as a request
+        precision = "bf16" if cfg.train.get("bf16") else "fp16" if cfg.train.get("fp16") else "auto"
+    if precision == "auto":
+        if device == "cpu":
+            precision = "fp32"
+            reasons.append("precision fp32: the CPU trains in full precision")
+        elif hw.gpus[0].bf16:
+            precision = "bf16"
+            reasons.append("precision bf16: the GPU supports it (compute capability >= 8.0)")
+        else:
+            precision = "fp16"
+            reasons.append("precision fp16: the GPU has no native bf16 (compute capability < 8.0)")
+    elif device == "cuda" and precision == "bf16" and not hw.gpus[0].bf16:
+        warnings.append(
+            f"bf16 requested on {hw.gpus[0].name}, which has no native bf16; it will be "
+            f"slow or fail. Use precision: fp16 or auto"
+        )
+    elif device == "cpu" and precision == "fp16":
+        warnings.append("fp16 mixed precision is not supported on CPU; use fp32 or bf16")
+    offload = d.offload
+    plan = Plan(device, n, "direct", precision, strategy, offload, d.nodes, gpus, reasons=reasons,
+                warnings=warnings)  # fmt: skip
+    plan.method = cfg.method
+    _plan_memory(res, hw, plan)
+    plan.launcher = _launcher(plan.strategy, d.launcher, world)
+    if plan.strategy != "none":
+        reasons.append(f"launcher {plan.launcher}")
+    return plan
+
+
+# ------------------------------------------------------------------------------- memory planning
+
+
+def estimate_for(config: RunConfig, plan: Plan, model_config: Mapping[str, Any], **over: Any) -> Estimate:
+    """The estimate of ``config`` as ``plan`` runs it (what resolved.json records and ``--dry-run``
+    shows); ``over`` replaces some of it (method, strategy, offload, micro_batch, ...) to try a change."""
+    req = request_for(
+        config, plan.precision, model_config, micro_batch=over.pop("micro_batch", plan.micro_batch)
+    )
+    kwargs = {**req.estimate_kwargs(), **{k: v for k, v in over.items() if k in req.estimate_kwargs()}}
+    return memory.estimate(
+        model_config, method=over.get("method", plan.method), strategy=over.get("strategy", plan.strategy),
+        offload=over.get("offload", plan.offload), world_size=plan.world_size, nodes=plan.nodes,
+        device=plan.device, **kwargs,
+    )  # fmt: skip
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _plan_memory(res: Resolved, hw: Hardware, plan: Plan) -> None:
+    """Choose what the config left to "auto" from the memory estimate, and record whether it fits.
+
+    method: auto -> QLoRA when the 16-bit weights alone take over half of one GPU (one small card),
+    else LoRA; strategy: auto on several GPUs for a full fine-tune -> the first of DDP, ZeRO-2, ZeRO-3,
+    ZeRO-3 + optimizer offload, + parameter offload that fits; per_device_train_batch_size: auto -> the
+    largest power of two that fits, with gradient accumulation keeping ``batch_size`` (the effective
+    batch) when it is given.
+    """
+    cfg, reasons = res.config, plan.reasons
+    mc = memory.load_model_config(cfg.model, cfg.revision)
+    if cfg.method == "auto":
+        if mc is None:
+            plan.method = "lora"
+            reasons.append("method lora: no config.json on this machine to estimate from")
+        elif plan.device == "cpu":
+            plan.method = "lora"
+            reasons.append("method lora: on CPU, bitsandbytes' 4-bit kernels are slow and memory is RAM")
+        else:
+            weights16 = 2 * memory.count_parameters(mc).total
+            cap = min(g.memory_total for g in hw.gpus)
+            if weights16 > cap / 2:
+                why = bitsandbytes_problem(tuple(sys.path))
+                if why is None:
+                    plan.method = "qlora"
+                    reasons.append(
+                        f"method qlora: the 16-bit weights ({_gib(weights16)}) take over half of one GPU "
+                        f"({_gib(cap)}); 4-bit weights leave room to train"
+                    )
+                else:
+                    plan.method = "lora"
+                    plan.warnings.append(f"QLoRA would suit this card, but {why}")
+            else:
+                plan.method = "lora"
+                reasons.append(
+                    f"method lora: the 16-bit weights ({_gib(weights16)}) fit one GPU ({_gib(cap)})"
+                )
+    if mc is None:
+        if cfg.train.get("per_device_train_batch_size") == "auto":
+            plan.micro_batch = 1
+            reasons.append("per_device_train_batch_size 1: no config.json to estimate from")
+        return
+    d = cfg.distributed
+    try:
+        if d.strategy == "auto" and plan.device == "cuda" and plan.world_size > 1 and plan.method == "full":
+            for strategy, offload in (("ddp", "none"), ("zero2", "none"), ("zero3", "none"),
+                                      ("zero3", "optimizer"), ("zero3", "optimizer+params")):  # fmt: skip
+                tried = fits(estimate_for(cfg, plan, mc, strategy=strategy, offload=offload), hw)
+                if tried.ok:
+                    if (strategy, offload) != (plan.strategy, plan.offload):
+                        extra = f" + offload {offload}" if offload != "none" else ""
+                        reasons.append(f"strategy {strategy}{extra}: the first that fits ({tried.why})")
+                    plan.strategy, plan.offload = strategy, offload
+                    break
+        if cfg.train.get("per_device_train_batch_size") == "auto":
+            plan.micro_batch = 1
+            if cfg.batch_size:
+                # Never more per device than the effective batch asks for: the divisors of each rank's
+                # share, so gradient accumulation makes up exactly the batch that was asked.
+                share = -(-cfg.batch_size // plan.world_size)
+                sizes = [m for m in range(min(share, 64), 0, -1) if share % m == 0]
+                kind = f"the largest divisor of {share} (batch_size per process)"
+            else:
+                sizes, kind = [64, 32, 16, 8, 4, 2, 1], "the largest power of two"
+            for micro in sizes:
+                if fits(estimate_for(cfg, plan, mc, micro_batch=micro), hw).ok:
+                    plan.micro_batch = micro
+                    break
+            reasons.append(f"per_device_train_batch_size {plan.micro_batch}: {kind} that "
+                           f"fits with {MARGIN:.0%} to spare")  # fmt: skip
+            if cfg.batch_size:
+                plan.grad_accum = max(1, -(-cfg.batch_size // (plan.micro_batch * plan.world_size)))
+                reasons.append(
+                    f"gradient_accumulation_steps {plan.grad_accum}: keeps the effective batch at "
+                    f"{plan.micro_batch * plan.world_size * plan.grad_accum} (asked {cfg.batch_size})"
+                )
+        est = estimate_for(cfg, plan, mc)
+    except memory.EstimateError as e:
+        plan.warnings.append(f"no memory estimate: {e}")
+        return
+    fit = fits(est, hw)
+    plan.estimate = {**est.to_dict(), "capacity_bytes": fit.capacity, "usable_bytes": fit.usable,
+                     "device": plan.device}  # fmt: skip
+    plan.fits = fit.ok
+    if not plan.fits:
+        plan.fit_advice = _smallest_change(res, plan, hw, mc, fit)
+
+
+def _smallest_change(res: Resolved, plan: Plan, hw: Hardware, mc: dict[str, Any], fit: Fit) -> str:
+    """The fit rule's reason, then the smallest change to the config that would fit (cheapest first)."""
+    micro = plan.micro_batch or int(res.config.train.get("per_device_train_batch_size", 8))
+    changes: list[tuple[str, dict[str, Any]]] = []
+    if not res.config.train.get("gradient_checkpointing", True):
+        changes.append(("gradient_checkpointing: true", {"gradient_checkpointing": True}))
+    if plan.world_size > 1 and plan.method == "full":
+        for strategy, offload in (("zero2", "none"), ("zero3", "none"), ("zero3", "optimizer"),
+                                  ("zero3", "optimizer+params")):  # fmt: skip
+            changes.append((f"distributed: {{strategy: {strategy}, offload: {offload}}}",
+                            {"strategy": strategy, "offload": offload}))  # fmt: skip
+    if plan.method == "full":
+        changes.append(("method: lora", {"method": "lora"}))
+    if plan.method in ("full", "lora") and plan.device == "cuda" and plan.strategy != "zero3":
+        changes.append(("method: qlora", {"method": "qlora"}))
+    smaller = (
+        f"per_device_train_batch_size: 1 (gradient_accumulation_steps: {micro} keeps the effective batch)"
+    )
+    tries: list[tuple[str, dict[str, Any]]] = []
+    if micro > 1:
+        tries.append((smaller, {"micro_batch": 1}))
+    for label, over in changes:
+        tries.append((label, over))
+        if micro > 1:
+            tries.append((f"{label} with {smaller}", {**over, "micro_batch": 1}))
+    for label, over in tries:
+        try:
+            alt = estimate_for(res.config, plan, mc, **over)
+        except ValueError:
+            continue
+        if fits(alt, hw).ok:
+            about = f"about {_gib(alt.per_device_bytes)} {fit.where}"
+            return f"{fit.why}. Smallest change that fits: {label} ({about})"
+    return f"{fit.why}, and no single change fits: use a smaller model or more/larger GPUs"
+
+
+def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
+    """The TRL config (SFTConfig, DPOConfig, ...) keyword arguments the worker will use, minus the
+    run-dir paths.
+
+    The user's ``train:`` keys win; nbtrain only fills what a notebook user would otherwise have to
+    know (frequent logging for the live view, token counting for tokens/s, evaluation when there is
+    eval data, the device and precision from the plan, gloo on CPU for several processes).
+    """
+    user = {k: v for k, v in res.config.train.items() if k not in ("bf16", "fp16")}
+    args: dict[str, Any] = {
+        "logging_steps": 1,
+        "report_to": "none",
+        "include_num_input_tokens_seen": "non_padding",
+        "save_strategy": "steps",
+        "save_steps": 500,
+        "disable_tqdm": True,
+    }
+    if res.config.objective in ("orpo", "grpo"):
+        # Their batches hold no input_ids for the Trainer to count (it would warn every step); GRPO
+        # counts prompt + completion tokens itself (num_tokens, which the run-dir callback uses).
+        args["include_num_input_tokens_seen"] = "no"
+    has_eval = res.config.data.eval is not None or res.config.data.eval_split is not None
+    if has_eval:
+        args["eval_strategy"] = "steps"
+        args["eval_steps"] = 0.2  # a fraction of the total steps: five evaluations a run
+    if plan.device == "cpu":
+        args["use_cpu"] = True
+        args["dataloader_pin_memory"] = False
+    if plan.world_size > 1:
+        if plan.device == "cpu":
+            args["ddp_backend"] = "gloo"
+        if res.config.method != "full":
+            # Frozen base weights would otherwise make DDP search for unused parameters every step.
+            args["ddp_find_unused_parameters"] = False
+    args["bf16"] = plan.precision == "bf16"
+    args["fp16"] = plan.precision == "fp16"
+    args.update(user)
+    if plan.micro_batch is not None:
+        args["per_device_train_batch_size"] = plan.micro_batch
+    if plan.grad_accum is not None:
+        args["gradient_accumulation_steps"] = plan.grad_accum
+    return args

@@ -1,0 +1,387 @@
+"""The one validation entry: validate and plan a config, with no side effects.
+
+    prepare(config)   load_config (+ the lab preset's rules) -> plan -> checks that need the plan
+                      (batch sizes, the preset's memory cap) -> Prepared, or ConfigError with every problem
+    validate(config)  every problem that would stop ``start``: prepare's, and the fit rule's refusal
+    estimate(config)  prepare, plus every method x strategy on this machine judged by the same fit rule
+
+Every surface checks a config here: the ``%%finetune`` magic and the CLI (``prepare``), the widget panel
+and the server extension's validate route (``validate``), so a config one of them shows as valid is one
+``start`` accepts, and a refused one is refused with the same messages everywhere. This module sits
+above the config (schema, preset), the planner and the estimator, and is where they are combined.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from nbtrain.contract import __version__, rewards
+from nbtrain.contract.errors import ConfigError, NbtrainError, Problem
+from nbtrain.control import hub
+from nbtrain.control.config import trainargs
+from nbtrain.control.config.preset import Preset, find_preset
+from nbtrain.control.config.schema import Resolved, load_config, planned_problems, problems_error
+from nbtrain.control.memory import Estimate, load_model_config
+from nbtrain.control.plan.distributed import deepspeed_config
+from nbtrain.control.plan.estimates import compare_table, request_for
+from nbtrain.control.plan.fit import Fit, fits
+from nbtrain.control.plan.planner import Plan, estimate_for, make_plan, train_args
+from nbtrain.hardware import Hardware
+from nbtrain.hardware import probe as probe_hardware
+
+Items = list[tuple[tuple[str | int, ...], str]]  # (key path, message), as problems_error takes
+
+
+@dataclass
+class Prepared:
+    """A validated, planned run that has not started: what ``--dry-run`` prints."""
+
+    resolved: Resolved
+    plan: Plan
+    hardware: Hardware
+    train_args: dict[str, Any]
+    rewards: bytes | None = None  # GRPO: the reward functions, cloudpickled; start() writes rewards.pkl
+    probe: bool = False  # a probe run: its ranks measure the model states they hold (nbtrain.probe)
+    preset: Preset | None = None  # the lab preset in force (with the required course presets it chains)
+
+    @property
+    def name(self) -> str:
+        cfg = self.resolved.config
+        objective = "" if cfg.objective == "sft" else f"-{cfg.objective}"
+        return cfg.name or f"{Path(cfg.model).name}-{cfg.method}{objective}"
+
+    def memory(self) -> tuple[Estimate, Fit] | None:
+        """The plan's memory estimate and the fit rule's verdict on it (what ``start`` goes by), or None
+        when no estimate could be made (the model's config.json is not on this machine)."""
+        if self.plan.estimate is None:
+            return None
+        mc = load_model_config(self.resolved.config.model, self.resolved.config.revision)
+        if mc is None:
+            return None
+        est = estimate_for(self.resolved.config, self.plan, mc)
+        return est, fits(est, self.hardware)
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.resolved
+        return {
+            "nbtrain_version": __version__,
+            "name": self.name,
+            "config": r.config.model_dump(mode="json"),
+            "model_kind": r.model_kind,
+            "data": {
+                "train": asdict(r.train_data),
+                "eval": asdict(r.eval_data) if r.eval_data else None,
+                "sources": [asdict(s) for s in r.train_sources or [r.train_data]],
+            },
+            "train_args": self.train_args,
+            "plan": self.plan.to_dict(),
+            "hardware": self.hardware.to_dict(),
+            "estimate": self.plan.estimate,
+            "notes": r.notes,
+            "probe": self.probe,
+        }
+
+    def summary(self) -> str:
+        cfg = self.resolved.config
+        lines = [
+            f"nbtrain dry run: {self.name} (nothing started)",
+            f"  model:     {cfg.model} ({self.resolved.model_kind})",
+            f"  method:    {cfg.method}",
+            f"  objective: {cfg.objective}"
+            + (f" (rewards: {', '.join(cfg.rewards)})" if cfg.rewards else ""),
+            f"  data:      {self.resolved.train_data.location} "
+            f"[{self.resolved.train_data.kind}, {self.resolved.train_data.format}]",
+            f"  plan:      {self.plan.nodes} node(s) x {self.plan.num_processes} process(es) on "
+            f"{self.plan.device}, strategy {self.plan.strategy}, {self.plan.precision}, "
+            f"launcher {self.plan.launcher}",
+        ]
+        lines += [f"    - {r}" for r in self.plan.reasons]
+        lines += [f"  warning:   {w}" for w in self.plan.warnings]
+        est = self.plan.estimate
+        if est is not None:
+            parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in est["parts"].items() if v)
+            where = "per GPU" if est["device"] == "cuda" else "of RAM"
+            lines.append(f"  memory:    ~{est['per_device_bytes'] / 2**30:.2f} GiB {where} of "
+                         f"{est['capacity_bytes'] / 2**30:.1f} GiB ({parts} GiB)")  # fmt: skip
+            if est.get("cpu_bytes"):
+                lines.append(f"             host RAM ~{est['cpu_bytes'] / 2**30:.2f} GiB per node")
+        if not self.plan.fits:
+            lines.append(f"  DOES NOT FIT: {self.plan.fit_advice}")
+        lines.append("  resolved config:")
+        lines += ["    " + ln for ln in json.dumps(self.to_dict()["config"], indent=2).splitlines()]
+        if self.plan.deepspeed is not None:
+            lines.append("  deepspeed.json:")
+            lines += ["    " + ln for ln in json.dumps(self.plan.deepspeed, indent=2).splitlines()]
+        lines.append(f"  train args ({trainargs.config_name(cfg.objective)}):")
+        lines += [f"    {k}: {v!r}" for k, v in sorted(self.train_args.items())]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(self.summary())}</pre>"
+
+
+def prepare(
+    config: str | Path | dict[str, Any],
+    *,
+    name: str | None = None,
+    hardware: Hardware | None = None,
+    namespace: Mapping[str, Any] | None = None,
+    capture_rewards: bool = True,
+    enforce_preset: bool = True,
+) -> Prepared:
+    """Validate ``config`` (YAML text, a dict, or a .yaml path) and plan it. Raises ConfigError.
+
+    A lab preset (nbtrain.control.config.preset) in force is applied; with ``enforce_preset=False`` (the
+    estimate, which students use to find what fits) the rules only the plan shows, such as the memory cap,
+    become warnings instead of errors.
+
+    For objective: grpo the functions named in ``rewards:`` are looked up in ``namespace`` (default:
+    the notebook's) and serialised now, so a bad name fails here, before anything starts.
+    """
+    preset = find_preset()  # instructor mode: nbtrain.lab.yaml here or above, or $NBTRAIN_PRESET
+    res = load_config(config, name=name, preset=preset)
+    hub_note = hub_model_check(res)
+    payload = reward_payload(res, namespace) if capture_rewards else None
+    hw = hardware or probe_hardware()
+    plan = make_plan(res, hw)
+    if hub_note is not None:
+        (plan.reasons if plan.estimate is None else res.notes).append(f"model: {hub_note}")
+    violations = preset_plan_problems(preset, res, plan) if preset is not None else []
+    if res.config.method != plan.method:  # method: auto, decided by the planner
+        res.config = res.config.model_copy(update={"method": plan.method})
+    args = train_args(res, plan)
+    if preset is not None:
+        violations += preset_args_problems(preset, args, plan.world_size, res.config.objective)
+        if violations and enforce_preset:
+            raise problems_error(res.text, violations)
+        plan.warnings += [message for _, message in violations]
+        res.notes += [f"lab preset: {p.source}" for p in preset.chain()]
+    planned_problems(res, args, plan.world_size)
+    if plan.strategy.startswith("zero"):
+        plan.deepspeed = deepspeed_config(res, plan, args)
+    return Prepared(res, plan, hw, args, rewards=payload, preset=preset)
+
+
+def hub_model_check(res: Resolved) -> str | None:
+    """Pre-flight of a Hub model before anything is written: its config.json fetched (into the HF cache,
+    where the worker finds it), a missing, gated or private repo or bad revision refused here, with how to
+    fix it, rather than minutes later in the worker. Returns a note when the Hub could not be asked."""
+    if res.model_kind != "hub":
+        return None
+    try:
+        return hub.model_config(res.config.model, res.config.revision)[1]
+    except hub.HubProblem as e:
+        raise problems_error(res.text, [(("model",), str(e))]) from None
+
+
+def launch_refusal(prep: Prepared) -> str | None:
+    """Why ``start`` refuses ``prep`` although it validated (the fit rule says it does not fit), or None."""
+    if not prep.plan.fits:
+        return f"not started: {prep.plan.fit_advice}. (--dry-run shows the whole estimate.)"
+    return None
+
+
+def validate(
+    config: str | Path | dict[str, Any],
+    *,
+    hardware: Hardware | None = None,
+    namespace: Mapping[str, Any] | None = None,
+    capture_rewards: bool = True,
+) -> list[Problem]:
+    """Every problem that would stop ``start(prepare(config))``, as ``prepare`` and ``start`` word them;
+    empty when the config launches. The panel's inline errors and the server's validate route are these.
+    ``capture_rewards=False`` skips looking up GRPO's reward functions (for a process, such as the Jupyter
+    server, that cannot see the notebook defining them)."""
+    try:
+        prep = prepare(config, hardware=hardware, namespace=namespace, capture_rewards=capture_rewards)
+    except ConfigError as e:
+        return list(e.problems)
+    except NbtrainError as e:  # e.g. a preset file that cannot be read: nothing would start either
+        return [Problem("", str(e))]
+    refusal = launch_refusal(prep)
+    return [Problem("", refusal)] if refusal else []
+
+
+def preset_plan_problems(preset: Preset, res: Resolved, plan: Plan) -> Items:
+    """The rules only the plan shows, of every preset in force: method/strategy and processes chosen by
+    ``auto``, and the memory cap (against the plan's estimate). Here rather than in the preset, which
+    sits below the planner."""
+    return [item for p in preset.chain() for item in _plan_problems(p, res, plan)]
+
+
+def _plan_problems(preset: Preset, res: Resolved, plan: Plan) -> Items:
+    items: Items = []
+    cfg = res.config
+    procs = preset.max_processes
+    if procs is not None and cfg.distributed.num_processes == "auto" and plan.world_size > procs:
+        items.append(
+            (
+                ("distributed", "num_processes"),
+                f"{plan.world_size} training processes (chosen by num_processes: auto) are over the cap of "
+                f"{preset.where} (rule 'max_processes'); allowed: 1 to {procs} in all: set distributed: "
+                f"num_processes",
+            )
+        )
+    if preset.methods is not None and cfg.method == "auto" and plan.method not in preset.methods:
+        what = "method (chosen by method: auto)"
+        items.append((("method",), preset.not_allowed("methods", what, plan.method, preset.methods)))
+    if (
+        preset.strategies is not None
+        and cfg.distributed.strategy == "auto"
+        and plan.strategy not in preset.strategies
+    ):
+        what = "strategy (chosen by strategy: auto)"
+        items.append(
+            (
+                ("distributed", "strategy"),
+                preset.not_allowed("strategies", what, plan.strategy, preset.strategies),
+            )
+        )
+    if preset.max_memory_gb is not None:
+        cap = preset.max_memory_gb * 2**30
+        est = plan.estimate
+        if est is None:
+            items.append(
+                (
+                    ("model",),
+                    f"{preset.where} caps memory at {preset.max_memory_gb:g} GiB per device (rule "
+                    f"'max_memory_gb'), but no memory estimate could be made for {cfg.model} (its "
+                    f"config.json is not on this machine); use a model whose files are here",
+                )
+            )
+        elif est["per_device_bytes"] > cap:
+            items.append(
+                (
+                    (),
+                    f"this run needs about {est['per_device_bytes'] / 2**30:.2f} GiB per device "
+                    f"(estimate), over the {preset.max_memory_gb:g} GiB cap of {preset.where} (rule "
+                    f"'max_memory_gb'); lower per_device_train_batch_size or max_length, or use "
+                    f"method: lora or qlora (nbtrain.estimate(config) shows what each costs)",
+                )
+            )
+    return items
+
+
+def preset_args_problems(
+    preset: Preset, args: Mapping[str, Any], world_size: int, objective: str = "sft"
+) -> Items:
+    """The compute cap (rule 'max_train_examples') of every preset in force, against the train args the
+    run will use: examples seen = max_steps x effective batch (per-device batch x gradient accumulation x
+    processes)."""
+    items: Items = []
+    fields = trainargs.fields_for(objective)
+
+    def value(key: str) -> Any:
+        return args[key] if key in args else fields[key].default
+
+    for p in preset.chain():
+        cap = p.max_train_examples
+        if cap is None:
+            continue
+        micro, accum, steps = (
+            value("per_device_train_batch_size"),
+            value("gradient_accumulation_steps"),
+            value("max_steps"),
+        )
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (micro, accum, steps)):
+            continue  # refused by the field checks
+        batch = micro * accum * world_size
+        how = (
+            f"effective batch {batch} = per_device_train_batch_size {micro} x gradient_accumulation_steps "
+            f"{accum} x {world_size} process(es)"
+        )
+        fix = (
+            f"set train: max_steps to at most {cap // batch}"
+            if cap >= batch
+            else f"lower the batch to at most {cap} examples a step"
+        )
+        if steps < 1:
+            items.append(
+                (
+                    ("train", "max_steps"),
+                    f"max_steps {steps} trains for num_train_epochs, uncapped, but {p.where} caps "
+                    f"training at {cap} examples (rule 'max_train_examples'; {how}): {fix}",
+                )
+            )
+        elif steps * batch > cap:
+            items.append(
+                (
+                    ("train", "max_steps"),
+                    f"this run trains on {steps * batch} examples (max_steps {steps} x {how}), over the cap "
+                    f"of {p.where} (rule 'max_train_examples'); allowed: at most {cap}: {fix}",
+                )
+            )
+    return items
+
+
+def check_resumed(prep: Prepared, resolved: Mapping[str, Any], where: Path) -> None:
+    """A resume trains with the train args in the run's ``resolved.json`` (``where``), which anyone with
+    the file can edit: check them as a new config's are, against the field ranges and the presets in force
+    (prepare checked the config itself). Raises ConfigError naming the file."""
+    args = resolved.get("train_args")
+    if not isinstance(args, Mapping):
+        raise ConfigError([Problem("train_args", f"{where} has no train_args mapping; start the run again")])
+    items: Items = []
+    for key, value in args.items():
+        why = trainargs.bound_problem(str(key), value)
+        if why:
+            items.append((("train", str(key)), why))
+    if prep.preset is not None:
+        config = resolved.get("config")
+        raw = {**(config if isinstance(config, Mapping) else {}), "train": dict(args)}
+        items += [i for i in prep.preset.config_problems(raw, Path.cwd()) if i[0][:1] == ("train",)]
+        items += preset_args_problems(prep.preset, args, prep.plan.world_size, prep.resolved.config.objective)
+    if items:
+        raise ConfigError(
+            [
+                Problem("train_args." + ".".join(map(str, path[1:])), f"in {where}: {message}")
+                for path, message in dict.fromkeys(items)
+            ]
+        )
+
+
+def estimate_table(
+    config: str | Path | dict[str, Any], *, hardware: Hardware | None = None
+) -> tuple[Prepared, list[dict[str, Any]]]:
+    """Will it fit? ``config`` prepared here (preset rules not enforced: an estimate only informs), and every
+    method x strategy on this hardware with the fit rule's verdict (empty without the model's config.json)."""
+    prep = prepare(config, hardware=hardware, enforce_preset=False)
+    mc = load_model_config(prep.resolved.config.model, prep.resolved.config.revision)
+    table: list[dict[str, Any]] = []
+    if mc is not None:
+        micro = prep.train_args.get("per_device_train_batch_size", 8)
+        req = request_for(prep.resolved.config, prep.plan.precision, mc, micro_batch=int(micro))
+        table = compare_table(mc, prep.hardware, req)
+    return prep, table
+
+
+def reward_payload(res: Any, namespace: Mapping[str, Any] | None = None) -> bytes | None:
+    """The reward payload of a validated GRPO config (``config.Resolved``), or None for other
+    objectives; ConfigError naming each bad entry of ``rewards:`` with its YAML line."""
+    cfg = res.config
+    if cfg.objective != "grpo" or not cfg.rewards:
+        return None
+    payload, problems = rewards.capture(cfg.rewards, namespace)
+    if problems:
+        raise problems_error(res.text, [(("rewards", i), msg) for i, msg in problems])
+    return payload
+
+
+__all__ = [
+    "Prepared",
+    "check_resumed",
+    "estimate_table",
+    "launch_refusal",
+    "prepare",
+    "preset_args_problems",
+    "preset_plan_problems",
+    "validate",
+]

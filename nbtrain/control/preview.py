@@ -1,0 +1,74 @@
+"""``nbtrain.preview(cfg)`` / ``%finetune preview CONFIG_OR_RUN``: the first examples exactly as the model
+sees them, and token-length statistics.
+
+Tokenising needs transformers, which the kernel never imports: the config is validated and planned here
+(``prepare``), written to a temporary resolved.json, and ``python -m nbtrain.worker.jobs.preview`` tokenises
+it in a subprocess with the run's own SFTConfig, writing JSON that nbtrain.ui.preview renders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nbtrain.contract.errors import NbtrainError
+from nbtrain.control.process import run_to_end
+from nbtrain.control.runs.run import Run, get_run
+
+
+def _is_config(ref: Any) -> bool:
+    if isinstance(ref, Mapping):
+        return True
+    text = str(ref)
+    return "\n" in text or text.strip().endswith((".yaml", ".yml"))
+
+
+def resolved_for(ref: str | Path | Mapping[str, Any] | Run) -> tuple[dict[str, Any], str]:
+    """(resolved.json content, where it came from) for a config (YAML text, dict, .yaml path) or a run."""
+    if isinstance(ref, Run) or not _is_config(ref):
+        run = get_run(ref)  # type: ignore[arg-type]
+        return run.resolved, run.id
+    from nbtrain.control.start import prepare
+
+    return prepare(ref, capture_rewards=False).to_dict(), "config"  # type: ignore[arg-type]
+
+
+def preview_data(
+    config: str | Path | Mapping[str, Any] | Run,
+    n: int = 5,
+    *,
+    stats_rows: int = 2000,
+    timeout: float = 600.0,
+) -> tuple[dict[str, Any], str]:
+    """The first ``n`` training examples as the trainer tokenises them (trained tokens marked) and
+    token-length statistics over the first ``stats_rows`` rows. ``config`` is YAML text, a dict, a
+    .yaml path, or a run (id, name, directory). Raises ConfigError for a bad config, NbtrainError when
+    the data cannot be tokenised (with the worker's message). Returns (the worker's JSON: examples as
+    (text, trained) segments, ``stats``, ``lengths``; where it came from: a run id or "config")."""
+    if n < 1 or stats_rows < 1:
+        raise NbtrainError("preview: n and stats_rows are positive numbers of rows")
+    resolved, source = resolved_for(config)
+    with tempfile.TemporaryDirectory(prefix="nbtrain-preview-") as tmp:
+        src, out, log = Path(tmp) / "resolved.json", Path(tmp) / "preview.json", Path(tmp) / "preview.log"
+        src.write_text(json.dumps(resolved), encoding="utf-8")
+        argv = [sys.executable, "-m", "nbtrain.worker.jobs.preview", str(src), "--out", str(out),
+                "-n", str(n), "--stats-rows", str(stats_rows)]  # fmt: skip
+        # No GPU is needed to tokenise; hiding them keeps the preview off a card a run is using.
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
+        try:
+            code = run_to_end(argv, log=log, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            msg = f"the preview took longer than {timeout:.0f} s; lower stats_rows"
+            raise NbtrainError(msg) from None
+        if code != 0 or not out.exists():
+            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-15:]
+            last = next((ln for ln in reversed(tail) if ln.strip()), "(no output)")
+            raise NbtrainError(f"the preview failed: {last}\n" + "\n".join(tail))
+        data = json.loads(out.read_text(encoding="utf-8"))
+    return data, source

@@ -1,0 +1,371 @@
+"""The one spawner for every process nbtrain starts (training workers and their launchers, servers, one-off
+jobs, TensorBoard), and identity-checked liveness and stop of the process groups it started.
+
+A process is started from an argv list (``sys.executable -m ...`` for ours) in a new session, so it leads
+its own process group and no terminal or kernel signal reaches it; stdin is closed and its output is
+appended to a log file, never sent to a pipe nobody reads. The leader's start time (psutil create_time)
+is recorded with its pid (launch.json, serve.json, tensorboard.json): the system may give an exited
+process's pid to another one, so every liveness check and every killpg first checks that the process
+behind the number is still ours. Records written before create_time was kept have only pid and pgid;
+they are trusted as they always were.
+
+One registry holds the children this process started; every call into the spawner collects the ones
+that have exited, so none is left a zombie.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.rundir import MAX_JSON_BYTES, RunPaths, atomic_write_json, read_json, tail_text
+
+# The children this process started, kept until their exit status is collected (no zombies).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+# Two reads of one process's create_time agree to well within this (it comes from the boot-time clock
+# in jiffies); a different process on a reused pid started at least this much later.
+_SAME_START = 0.01
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A process started by this spawner: the leader of its own process group (``pgid == pid``)."""
+
+    pid: int
+    pgid: int
+    argv: list[str]
+    create_time: float | None = None
+    log: Path | None = None
+    log_offset: int = 0  # where this process's output begins in ``log`` (earlier output is kept)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """What identifies the group for liveness and stop, as launch.json and serve.json keep it."""
+        return {"pid": self.pid, "pgid": self.pgid, "create_time": self.create_time}
+
+    def exit_code(self) -> int | None:
+        """The exit status once the process has ended (collecting it), None while it runs."""
+        return None if self._proc is None else self._proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the process to end; raises subprocess.TimeoutExpired after ``timeout`` seconds."""
+        if self._proc is None:
+            raise ValueError("only the process that started it can wait for it")
+        code = self._proc.wait(timeout)
+        reap()
+        return code
+
+    def alive(self) -> bool:
+        return group_alive(self.record)
+
+    def stop(self, grace: float = 10.0) -> str:
+        """SIGTERM the process's own group, SIGKILL it after ``grace`` seconds; returns what it took."""
+        return terminate_group(self.record, grace)
+
+
+@dataclass(frozen=True)
+class LaunchFailed:
+    reason: str
+
+
+LaunchResult = Launched | LaunchFailed
+
+
+def job_env() -> dict[str, str]:
+    """Environment overrides for any Python process nbtrain starts: output unbuffered (the log is read
+    live), no tokenizer thread pools forked into data workers, no progress bars filling the log."""
+    return {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def worker_env(gpus: list[int]) -> dict[str, str]:
+    """Environment overrides for a training worker (recorded in launch.json): the plan's GPUs only."""
+    return {**job_env(), "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
+
+
+# ------------------------------------------------------------------------------------------- starting
+def start_process(
+    argv: list[str],
+    *,
+    log: Path,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
+) -> LaunchResult:
+    """Start ``argv`` in a new session with stdin closed and stdout+stderr appended to ``log``.
+
+    ``env`` overrides entries of this process's environment; ``cwd`` None keeps this one's directory;
+    ``pass_fds`` stay open in the child (every other descriptor is closed).
+    """
+    reap()
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            offset = out.tell()
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=cwd, env={**os.environ, **(env or {})}, close_fds=True,
+                pass_fds=pass_fds,
+            )  # fmt: skip
+    except OSError as e:
+        return LaunchFailed(f"could not start {argv[0]}: {e}")
+    _CHILDREN[proc.pid] = proc
+    try:
+        # Readable even if it has exited already: an uncollected child keeps its pid and /proc entry.
+        create_time: float | None = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        create_time = None
+    return Launched(proc.pid, proc.pid, list(argv), create_time, log, offset, proc)
+
+
+def spawn(
+    paths: RunPaths,
+    commands: list[tuple[str, list[str]]],
+    env_overrides: dict[str, str],
+    *,
+    port: int | None = None,
+    pass_fds: tuple[int, ...] = (),
+) -> LaunchResult:
+    """Start each ``(log name, argv)`` of a run in its own session; record them all in launch.json.
+
+    One command for a single node (the worker itself, or its launcher); one per node otherwise. If
+    any fails to start, the ones already started are stopped again: nothing is left half-started.
+    """
+    started: list[tuple[str, Launched]] = []
+    for log_name, argv in commands:
+        result = start_process(
+            argv, log=paths.logs / log_name, cwd=paths.root, env=env_overrides, pass_fds=pass_fds
+        )
+        if isinstance(result, LaunchFailed):
+            for _, p in started:
+                signal_group(p.record, signal.SIGKILL)
+            return result
+        started.append((log_name, result))
+    procs = [{**p.record, "argv": p.argv, "log": log_name} for log_name, p in started]
+    first = started[0][1]
+    atomic_write_json(paths.launch, {
+        "argv": first.argv, "env": env_overrides, "pid": first.pid, "pgid": first.pgid,
+        "create_time": first.create_time, "procs": procs,
+        "host": socket.gethostname(), "port": port, "start_time": time.time(),
+    })  # fmt: skip
+    return first
+
+
+def reap() -> None:
+    """Collect the exit status of every child of ours that has ended."""
+    for pid, proc in list(_CHILDREN.items()):
+        if proc.poll() is not None:
+            del _CHILDREN[pid]
+
+
+# ------------------------------------------------------------------------------------- running to the end
+def run_to_end(
+    argv: list[str],
+    *,
+    log: Path,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    grace: float = 10.0,
+) -> int:
+    """Start ``argv`` as start_process does and wait for it; returns its exit code.
+
+    After ``timeout`` seconds its process group is stopped (SIGTERM, ``grace`` s, SIGKILL) and
+    subprocess.TimeoutExpired is raised. Anything else that ends the wait (KeyboardInterrupt from the
+    notebook's stop button) stops the group too before it goes on: nothing keeps running behind the
+    user's back.
+    """
+    started = start_process(argv, log=log, cwd=cwd, env=env)
+    if isinstance(started, LaunchFailed):
+        raise NbtrainError(started.reason)
+    try:
+        return started.wait(timeout)
+    except BaseException:
+        started.stop(grace)
+        raise
+
+
+def run_job(
+    module: str,
+    args: list[str],
+    *,
+    log: Path,
+    result: Path,
+    cwd: Path,
+    what: str,
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """Run ``python -m module *args`` to the end; returns (exit code, the JSON it wrote to ``result``).
+
+    Raises NbtrainError when it runs past ``timeout`` (it is stopped) and, with the log's tail, when it
+    died without writing its result.
+    """
+    argv = [sys.executable, "-m", module, *args]
+    result.unlink(missing_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:  # one log for every run of the job: each starts with what ran when
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
+    # No GPU is hidden from the job (unlike a training worker's plan): it uses what the machine has.
+    try:
+        code = run_to_end(argv, log=log, cwd=cwd, env={**job_env(), **(env or {})}, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise NbtrainError(f"{what} did not finish in {timeout:.0f} s and was stopped; see {log}") from None
+    try:
+        data: dict[str, Any] = read_json(result)
+    except (FileNotFoundError, ValueError):
+        raise NbtrainError(
+            f"{what} failed (exit code {code}) without a result; last lines of {log}:\n{tail_text(log, 30)}"
+        ) from None
+    return code, data
+
+
+# ------------------------------------------------------------------------------ liveness and stopping
+def read_launch(paths: RunPaths) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = read_json(paths.launch, max_bytes=MAX_JSON_BYTES)
+        return data
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def is_local(launch: dict[str, Any]) -> bool:
+    return bool(launch.get("host") == socket.gethostname())
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes in process group ``pgid``, whoever started them."""
+    reap()
+    out = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return out
+
+
+def _procs(launch: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The group records of a launch.json (one per node) or of a single record (serve.json, ...)."""
+    procs: list[Mapping[str, Any]] = launch.get("procs") or [launch]
+    return procs
+
+
+def _identity(rec: Mapping[str, Any]) -> tuple[int, int, float | None]:
+    """(leader pid, pgid, leader create_time or None) of a record; tensorboard.json keeps no pgid."""
+    pid = int(rec["pid"])
+    ct = rec.get("create_time")
+    return pid, int(rec.get("pgid", pid)), None if ct is None else float(ct)
+
+
+def _is(p: psutil.Process, create_time: float) -> bool:
+    return abs(p.create_time() - create_time) < _SAME_START
+
+
+def leader_alive(rec: Mapping[str, Any]) -> bool:
+    """Whether the recorded leader still runs: the same process, recognised by its start time."""
+    reap()
+    try:
+        pid, _, ct = _identity(rec)
+        leader = psutil.Process(pid)
+        return bool((ct is None or _is(leader, ct)) and leader.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
+
+def _members(rec: Mapping[str, Any]) -> list[psutil.Process]:
+    """The live processes of the recorded group, or [] when the group is gone and its number now
+    belongs to other processes."""
+    try:
+        pid, pgid, ct = _identity(rec)
+    except (KeyError, TypeError, ValueError):
+        return []
+    members = group_members(pgid)
+    if ct is None or not members:
+        return members  # a record from before create_time was kept: trusted as before
+    try:
+        return members if _is(psutil.Process(pid), ct) else []  # the number was given to another
+    except psutil.NoSuchProcess:
+        pass
+
+    # The leader has exited while processes of the group remain (a launcher's ranks, say). Processes
+    # can only join a group inside its session, that is, be descendants of the leader: any member
+    # older than our leader shows that the number now names somebody else's group.
+    for m in members:
+        try:
+            if m.create_time() < ct - _SAME_START:
+                return []
+        except psutil.NoSuchProcess:
+            continue  # ended while we looked
+    return members
+
+
+def group_alive(launch: Mapping[str, Any]) -> bool:
+    """Whether any process of the recorded process groups still runs (on this host)."""
+    procs = _procs(launch)
+    if any(leader_alive(p) for p in procs):
+        return True  # the fast path: a leader is there
+    return any(_members(p) for p in procs)  # a leader's children may outlive it
+
+
+def run_alive(launch: dict[str, Any]) -> bool:
+    """Whether something can still finish this run: its process groups, or for a notebook_launcher run
+    the kernel whose thread supervises the ranks (it writes the final state)."""
+    if launch.get("notebook"):
+        try:
+            kernel = psutil.Process(int(launch["kernel_pid"]))
+            return bool(
+                kernel.status() != psutil.STATUS_ZOMBIE and kernel.create_time() <= launch["start_time"]
+            )
+        except psutil.Error:
+            return False
+    return group_alive(launch)
+
+
+def signal_group(launch: Mapping[str, Any], sig: int) -> bool:
+    """Send ``sig`` to the recorded process groups that are still ours; False when none is left."""
+    sent = False
+    for p in _procs(launch):
+        if not _members(p):  # the identity check, right before every killpg
+            continue
+        try:
+            os.killpg(int(p.get("pgid", p["pid"])), sig)
+            sent = True
+        except ProcessLookupError:
+            continue
+    return sent
+
+
+def wait_group_gone(launch: Mapping[str, Any], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not group_alive(launch):
+            return True
+        time.sleep(0.1)
+    return not group_alive(launch)
+
+
+def terminate_group(launch: Mapping[str, Any], grace: float) -> str:
+    """SIGTERM the recorded groups, wait ``grace`` seconds, then SIGKILL them. Returns what it took."""
+    if not signal_group(launch, signal.SIGTERM):
+        how = "gone"
+    elif wait_group_gone(launch, grace):
+        how = "terminated"
+    else:
+        signal_group(launch, signal.SIGKILL)
+        wait_group_gone(launch, 10)
+        how = "killed"
+    reap()  # a leader of ours that just ended is collected now, not at the next call
+    return how

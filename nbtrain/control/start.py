@@ -1,0 +1,360 @@
+"""The control core: every surface (magics, CLI, widgets, server) calls these functions.
+
+prepare(config)   validate + plan, no side effects        -> Prepared  (what --dry-run shows)
+start(prepared)   run directory + registry + detached worker -> Run
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from nbtrain.contract import rewards
+from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.pickles import check_trusted, write_private
+from nbtrain.contract.rundir import (
+    METRICS_SCHEMA,
+    RUN_LOCK_ENV,
+    atomic_write_json,
+    atomic_write_text,
+    lock_run,
+    read_jsonl,
+    write_status,
+)
+from nbtrain.control.plan.distributed import (
+    free_port,
+    node_argv,
+    read_hostfile,
+    slurm_script,
+    write_launch_files,
+)
+from nbtrain.control.prepare import Prepared, check_resumed, launch_refusal, prepare
+from nbtrain.control.process import LaunchFailed, read_launch, run_alive, spawn, worker_env
+from nbtrain.control.runs import registry
+from nbtrain.control.runs.run import Run, all_runs, create_run_dir, discard_run, get_run, last_checkpoint
+
+_LAST: list[Run] = []
+
+
+def _commands(prep: Prepared, run: Run, port: int) -> list[tuple[str, list[str]]]:
+    """(log file, argv) for each process to start here: one per node this machine starts."""
+    plan, d = prep.plan, prep.resolved.config.distributed
+    if plan.launcher == "direct":
+        return [(run.paths.rank_log(0).name, node_argv(plan, run.dir, port=port))]
+    if plan.nodes == 1:
+        return [("launcher.log", node_argv(plan, run.dir, port=port))]
+    assert d.hostfile is not None  # validated: nodes > 1 has a hostfile or slurm
+    hosts = read_hostfile(d.hostfile)
+    if len(hosts) < plan.nodes:
+        raise NbtrainError(f"nodes: {plan.nodes} but {d.hostfile} lists {len(hosts)} host(s)")
+    master = d.master_addr or ("127.0.0.1" if hosts[0].local else hosts[0].name)
+    cmds = []
+    for rank, host in enumerate(hosts[: plan.nodes]):
+        argv = node_argv(plan, run.dir, port=port, master_addr=master, node_rank=rank)
+        if not host.local:
+            # The run directory must be on a filesystem every node shares (as for any multi-node job).
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in worker_env(plan.gpus).items())
+            remote = f"cd {shlex.quote(str(run.dir))} && env {env} {shlex.join(argv)}"
+            argv = ["ssh", "-o", "BatchMode=yes", host.name, remote]
+        cmds.append((f"node{rank}.log", argv))
+    return cmds
+
+
+def _submit_slurm(prep: Prepared, run: Run) -> Run:
+    d = prep.resolved.config.distributed
+    assert d.slurm is not None
+    script = run.dir / "slurm.sbatch"
+    script.write_text(slurm_script(prep.plan, run.dir, d.slurm.model_dump()), encoding="utf-8")
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        write_status(run.paths, "queued", note=f"sbatch not found: submit {script} on the cluster")
+        print(f"sbatch is not on PATH here; submit this script on the cluster:\n  sbatch {script}\n")
+        print(script.read_text(encoding="utf-8"))
+        return run
+    out = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        write_status(run.paths, "failed", error={"type": "slurm", "message": out.stderr.strip()})
+        raise NbtrainError(f"sbatch refused {script}: {out.stderr.strip()}")
+    write_status(run.paths, "queued", slurm_job=out.stdout.strip())
+    print(f"submitted SLURM job {out.stdout.strip()} ({script})")
+    return run
+
+
+def start(prep: Prepared) -> Run:
+    """Create the run directory, register it and start the detached worker(s).
+
+    With ``resume: auto`` and an earlier run of the same name that stopped or failed after saving a
+    checkpoint, that run is resumed instead of starting over. A run the estimate says cannot fit is
+    refused before anything is written, naming the smallest change that would fit.
+    """
+    refusal = launch_refusal(prep)
+    if refusal is not None:
+        raise NbtrainError(refusal)
+    if prep.resolved.config.resume == "auto":
+        earlier = _resumable(prep.name)
+        if earlier is not None:
+            print(f"nbtrain: resume: auto -> resuming {earlier.id} from its last complete checkpoint")
+            return resume(earlier)
+
+    def populate(building: Path, final: Path) -> None:
+        if prep.rewards is not None:  # before the worker starts: it loads them from there
+            # only a pickle its owner alone can write is loaded (nbtrain.contract.pickles)
+            building.chmod(building.stat().st_mode & ~0o002)
+            write_private(building / rewards.REWARDS_FILE, prep.rewards)
+        write_launch_files(prep.plan, final, into=building)
+
+    run = create_run_dir(prep.name, prep.resolved.text, prep.to_dict(), populate)
+    d = prep.resolved.config.distributed
+    if prep.plan.nodes > 1 and d.slurm is not None and d.hostfile is None:
+        _LAST.append(run)
+        return _submit_slurm(prep, run)
+    try:
+        with writer_lock(run) as lock:
+            return _launch(prep, run, lock)
+    except NbtrainError:
+        discard_run(run)  # a start that failed leaves nothing behind (the error says why)
+        raise
+
+
+def _launch(prep: Prepared, run: Run, lock: int) -> Run:
+    d = prep.resolved.config.distributed
+    port = d.master_port or free_port()
+    try:
+        commands = _commands(prep, run, port)
+    except NbtrainError as e:
+        write_status(run.paths, "failed", error={"type": "launch", "message": str(e)})
+        raise
+    env = {**worker_env(prep.plan.gpus), RUN_LOCK_ENV: str(lock)}
+    result = spawn(run.paths, commands, env, port=port, pass_fds=(lock,))
+    if isinstance(result, LaunchFailed):
+        write_status(run.paths, "failed", error={"type": "launch", "message": result.reason})
+        raise NbtrainError(f"run {run.id} could not start: {result.reason}")
+    _LAST.append(run)
+    return run
+
+
+def _resumable(name: str) -> Run | None:
+    for row in reversed(registry.rows()):
+        if row.name != name:
+            continue
+        run = Run(row.run_dir, run_id=row.id, name=row.name)
+        if run.paths.root.is_dir() and run.status().state in ("stopped", "failed") and last_checkpoint(run):
+            return run
+        return None  # only the newest run of that name is a candidate
+    return None
+
+
+def resume(ref: str | Path | Run) -> Run:
+    """Continue a stopped or failed run from its last *complete* checkpoint, in the same run directory.
+
+    The Trainer restores weights, optimizer, scheduler, RNG state and the data position. Metrics the
+    earlier attempt logged after that checkpoint are moved to ``metrics.attempt<N>.jsonl`` (kept,
+    marked, not mixed into the curve). Incomplete checkpoints (killed while written) are deleted.
+    """
+    run = get_run(ref)
+    _check_resumable(run)  # said first: a run that just ended may hold its lock a moment longer
+    with writer_lock(run) as lock:  # held from here on: two resumes of one run cannot both go on
+        _check_resumable(run)
+        for pickled in (rewards.REWARDS_FILE, "function.pkl"):  # the worker would load them: say it now
+            if (run.dir / pickled).exists() or (run.dir / pickled).is_symlink():
+                check_trusted(run.dir / pickled)
+        ckpt = last_checkpoint(run, repair=True)
+        if ckpt is None:
+            raise NbtrainError(f"run {run.id} has no complete checkpoint to resume from; start it again")
+        step = int(ckpt.name.split("-")[1])
+        resolved = run.resolved
+        attempt = int(resolved.get("resume", {}).get("attempt", 1)) + 1
+        # The run directory keeps the rewards captured at start; the notebook may no longer define them.
+        prep = prepare(resolved["config"], name=run.name, capture_rewards=False)
+        check_resumed(prep, resolved, run.paths.resolved)  # the train args the worker will use, too
+        _set_aside_metrics(run, step, attempt - 1)
+        new_resolved = {**resolved, "resume": {"from": str(ckpt), "step": step, "attempt": attempt}}
+        atomic_write_json(run.paths.resolved, new_resolved)
+        write_launch_files(prep.plan, run.dir)
+        for f in ("stop", "checkpoint"):
+            run.paths.control_file(f).unlink(missing_ok=True)
+        write_status(run.paths, "queued", step=step, resumed_from=step, attempt=attempt)
+        return _launch(prep, run, lock)
+
+
+@contextlib.contextmanager
+def writer_lock(run: Run) -> Iterator[int]:
+    """The run directory's writer lock, for handing to the process that will train there; refuses when
+    another process (a worker, a launcher, another resume) holds it.
+
+    A run whose processes were just killed may hold it a moment longer (the OS drops a dead holder's
+    lock when it has closed its files, which can lag its death by milliseconds): when nothing of the
+    run is alive, it is tried again for up to two seconds."""
+    fd = lock_run(run.paths)
+    deadline = time.monotonic() + 2.0
+    while fd is None and time.monotonic() < deadline and not _run_processes_alive(run):
+        time.sleep(0.05)
+        fd = lock_run(run.paths)
+    if fd is None:
+        raise NbtrainError(
+            f"run {run.id} is being written by another process (its run directory is locked): another "
+            "start or resume of it is running; stop that one first (or wait for it)"
+        )
+    try:
+        yield fd
+    finally:
+        os.close(fd)  # the process started with it keeps the lock; without one, it is released here
+
+
+def _check_resumable(run: Run) -> None:
+    st = run.status()
+    if not st.done:
+        raise NbtrainError(f"run {run.id} is {st.state}; stop it before resuming")
+    if st.state == "completed":
+        raise NbtrainError(f"run {run.id} completed; nothing to resume (start a new run to train on)")
+
+
+def _run_processes_alive(run: Run) -> bool:
+    info = read_launch(run.paths)
+    return info is not None and run_alive(info)
+
+
+def _set_aside_metrics(run: Run, step: int, attempt: int) -> None:
+    """Keep metrics up to ``step``; move later ones (the lost part of the attempt) to their own file."""
+    keep: list[dict[str, Any]] = []
+    later: list[dict[str, Any]] = []
+    for rec in read_jsonl(run.paths.metrics):
+        (later if rec.get("step", 0) > step else keep).append(rec)
+    if later:
+        with open(run.dir / f"metrics.attempt{attempt}.jsonl", "a", encoding="utf-8") as f:
+            for rec in later:
+                f.write(json.dumps({**rec, "superseded_by_resume_at": step}) + "\n")
+    header = json.dumps({"schema": METRICS_SCHEMA, "kind": "metrics"})
+    text = "\n".join([header, *(json.dumps(r) for r in keep)]) + "\n"
+    atomic_write_text(run.paths.metrics, text)
+
+
+@dataclass
+class ProbeReport:
+    """What a few real steps measured, against the estimate and projected to the whole run."""
+
+    run: Run
+    steps: int
+    steps_per_s: float
+    tokens_per_s: float | None
+    peak_bytes: int  # GPU peak allocated where CUDA exists, else the worker's peak RSS
+    peak_kind: str
+    estimate_bytes: int | None
+    total_steps: int | None
+
+    @property
+    def estimate_error(self) -> float | None:
+        if not self.estimate_bytes:
+            return None
+        return (self.peak_bytes - self.estimate_bytes) / self.estimate_bytes
+
+    def text(self) -> str:
+        lines = [f"probe run {self.run.id}: {self.steps} steps at {self.steps_per_s:.2f} steps/s"
+                 + (f", {self.tokens_per_s:.0f} tokens/s" if self.tokens_per_s else "")]  # fmt: skip
+        lines.append(f"  measured peak ({self.peak_kind}): {self.peak_bytes / 2**30:.2f} GiB")
+        if self.estimate_bytes:
+            lines.append(f"  estimate: {self.estimate_bytes / 2**30:.2f} GiB; measured is "
+                         f"{self.estimate_error:+.0%} of it")  # fmt: skip
+        if self.total_steps:
+            secs = self.total_steps / self.steps_per_s
+            lines.append(f"  projected time for {self.total_steps} steps: {secs / 60:.1f} min")
+        else:
+            lines.append("  projected time: set train.max_steps to get one")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+def probe(config: str | Path | dict[str, Any], *, name: str | None = None, steps: int = 5) -> ProbeReport:
+    """A few real steps of ``config`` in a detached process: peak memory, speed, time for the whole run."""
+    prep = prepare(config, name=name)
+    cfg = prep.resolved.config.model_dump(mode="json")
+    total = cfg["train"].get("max_steps")
+    cfg["train"] = {**cfg["train"], "max_steps": steps, "save_strategy": "no", "eval_strategy": "no"}
+    cfg["name"] = f"{prep.name}-probe"
+    run = start(replace(prepare(cfg), probe=True))  # its ranks measure what they hold
+    st = run.wait()
+    m = run.metrics()
+    system = read_jsonl(run.paths.system)
+    gpu = [r["gpu_mem_peak"] for r in system if "gpu_mem_peak" in r]
+    peak, kind = (max(gpu), "GPU max_memory_allocated") if gpu else (
+        max((r["rss"] for r in system if "rss" in r), default=0), "worker RSS")  # fmt: skip
+    tps = m["tokens_per_s"].dropna() if "tokens_per_s" in m else None
+    est = prep.plan.estimate
+    return ProbeReport(
+        run, steps, float(st.summary.get("train_steps_per_second", 0.0)),
+        float(tps.median()) if tps is not None and len(tps) else None, int(peak), kind,
+        int(est["per_device_bytes"]) if est else None, int(total) if total and total > 0 else None,
+    )  # fmt: skip
+
+
+def runs() -> list[Run]:
+    """All known runs, oldest first."""
+    return all_runs()
+
+
+def last_run() -> Run:
+    """The run this process started most recently."""
+    if not _LAST:
+        raise NbtrainError("no run was started from this process yet")
+    return _LAST[-1]
+
+
+def make_tiny_model(path: str | Path = "tiny-llama") -> Path:
+    """Build the tiny local model (see nbtrain.examples) in a subprocess, keeping torch out of the kernel."""
+    out = Path(path).expanduser().resolve()
+    if (out / "config.json").exists():
+        return out
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbtrain.examples", "model", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        raise NbtrainError(f"building the tiny model failed:\n{proc.stderr[-3000:]}")
+    return out
+
+
+def example_data(path: str | Path = "data/add.jsonl", fmt: str = "messages", n: int = 400) -> Path:
+    """Write the addition dataset (the demo's data) in one of the supported formats."""
+    import shutil
+    from importlib import resources
+
+    from nbtrain.examples import write_dataset
+
+    out = Path(path)
+    if (fmt, n) == ("messages", 400):  # the dataset shipped in the package
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with resources.as_file(resources.files("nbtrain").joinpath("assets/add.jsonl")) as src:
+            shutil.copyfile(src, out)
+        return out.resolve()
+    try:
+        return write_dataset(out, fmt, n).resolve()
+    except ValueError as e:  # a suffix or format that cannot hold the rows: the message says which
+        raise NbtrainError(str(e)) from None
+
+
+__all__ = [
+    "Prepared",
+    "Run",
+    "example_data",
+    "get_run",
+    "last_run",
+    "make_tiny_model",
+    "prepare",
+    "runs",
+    "start",
+]

@@ -1,0 +1,170 @@
+"""The first training examples exactly as the trainer tokenises them, and token-length statistics.
+
+    python -m nbtrain.worker.jobs.preview RESOLVED_JSON --out OUT_JSON [-n 5] [--stats-rows 2000]
+
+RESOLVED_JSON is a run's resolved.json (or what ``nbtrain.prepare(cfg).to_dict()`` gives). The data is
+loaded as the recipe loads it (every source, columns, mixing, streaming) and tokenised by TRL's own
+SFT dataset preparation with the run's SFTConfig (chat template, ``{% generation %}`` assistant masks,
+``assistant_only_loss``, ``completion_only_loss``, EOS handling), so the trained-on mask shown is the
+labels the trainer will compute the loss on. No model is loaded. The kernel runs this in a subprocess
+(transformers must not be imported there) and renders OUT_JSON (see nbtrain.control.preview).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+IGNORE = -100  # the label of a token the loss is not computed on
+
+
+def _percentile(sorted_values: list[int], q: float) -> int:
+    if not sorted_values:
+        return 0
+    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+def segments(tok: Any, input_ids: list[int], labels: list[int]) -> list[tuple[str, bool]]:
+    """The sequence as (text, trained) runs: consecutive tokens with the same mask decoded together."""
+    out: list[tuple[str, bool]] = []
+    start = 0
+    for i in range(1, len(input_ids) + 1):
+        if i == len(input_ids) or (labels[i] != IGNORE) != (labels[start] != IGNORE):
+            text = tok.decode(
+                input_ids[start:i], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+            out.append((text, labels[start] != IGNORE))
+            start = i
+    return out
+
+
+def tokenised(resolved: dict[str, Any], tok: Any, rows: int, out_dir: str) -> tuple[Any, dict[str, Any]]:
+    """The first ``rows`` training examples tokenised by SFTTrainer's own preparation, untruncated.
+
+    Returns (dataset with input_ids and labels, facts about how it was prepared).
+    """
+    from trl import SFTConfig, SFTTrainer
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    from nbtrain.worker.data import first_row, load_train
+
+    cfg, args = resolved["config"], dict(resolved["train_args"])
+    seed = int(args.get("seed", 42))
+    # Tokenising needs no device: drop what would check for one (bf16 on a GPU run, ...).
+    for key in ("bf16", "fp16", "tf32", "deepspeed", "fsdp", "fsdp_config", "torch_compile"):
+        args.pop(key, None)
+    args["use_cpu"] = True
+    train, fmt, described = load_train(cfg, resolved["data"], "sft", seed, limit=rows)
+    sft_args = SFTConfig(output_dir=out_dir, **args)
+    # Untruncated, unpacked and in order: the lengths are the statistics, truncation is shown separately.
+    prep_args = replace(sft_args, max_length=None, packing=False, shuffle_dataset=False)
+    sample = first_row(train) or {}
+    chat_template = None
+    if sft_args.assistant_only_loss and not has_generation_markers(tok.chat_template):
+        chat_template = get_training_chat_template(tok)
+    completion_only = sft_args.completion_only_loss
+    if completion_only is None:
+        completion_only = "prompt" in sample and "completion" in sample
+    # The trainer's preparation reads these three attributes of the trainer; no model is needed for it.
+    trainer_facts = SimpleNamespace(
+        _tokenizer=tok, completion_only_loss=completion_only, chat_template=chat_template
+    )
+    ds = SFTTrainer._prepare_dataset(trainer_facts, train, tok, prep_args, False, None, "preview")  # type: ignore[arg-type]
+    facts = {
+        "format": fmt,
+        "sources": described,
+        "streaming": bool(cfg["data"].get("streaming")),
+        "assistant_only_loss": bool(sft_args.assistant_only_loss),
+        "completion_only_loss": bool(completion_only),
+        "packing": bool(sft_args.packing),
+        "packing_strategy": sft_args.packing_strategy if sft_args.packing else None,
+        # TRL turns padding-free on for bfd packing (sft_trainer: "BFD packing requires padding-free").
+        "padding_free": bool(
+            sft_args.padding_free or (sft_args.packing and sft_args.packing_strategy in ("bfd", "bfd_split"))
+        ),
+        "max_length": sft_args.max_length,
+        "truncation_mode": sft_args.truncation_mode,
+        "per_device_train_batch_size": sft_args.per_device_train_batch_size,
+        "chat_template": "TRL's training template (the model's has no {% generation %} blocks)"
+        if chat_template
+        else ("the model's" if getattr(tok, "chat_template", None) else None),
+    }
+    return ds, facts
+
+
+def preview(resolved: dict[str, Any], n: int = 5, stats_rows: int = 2000) -> dict[str, Any]:
+    from nbtrain.worker.model import load_tokenizer
+
+    cfg = resolved["config"]
+    objective = cfg.get("objective", "sft")
+    if objective != "sft":
+        raise SystemExit(
+            f"nbtrain preview: the token preview covers objective: sft; this run is objective: {objective}"
+        )
+    tok = load_tokenizer(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        ds, facts = tokenised(resolved, tok, max(n, stats_rows), tmp)
+        max_length = facts["max_length"]
+        examples, lengths, trained_total = [], [], 0
+        for i, ex in enumerate(ds):
+            ids, labels = list(ex["input_ids"]), list(ex["labels"])
+            lengths.append(len(ids))
+            trained_total += sum(1 for x in labels if x != IGNORE)
+            if i < n:
+                keep = len(ids) if max_length is None else min(len(ids), max_length)
+                if facts["truncation_mode"] == "keep_end" and max_length is not None:
+                    ids_seen, labels_seen = ids[-keep:], labels[-keep:]
+                else:
+                    ids_seen, labels_seen = ids[:keep], labels[:keep]
+                examples.append(
+                    {
+                        "index": i + 1,
+                        "tokens": len(ids),
+                        "trained": sum(1 for x in labels_seen if x != IGNORE),
+                        "cut": len(ids) - keep,
+                        "segments": segments(tok, ids_seen, labels_seen),
+                    }
+                )
+    ordered = sorted(lengths)
+    stats = {
+        "rows": len(lengths),
+        "rows_limit": max(n, stats_rows),
+        "min": ordered[0] if ordered else 0,
+        "p50": _percentile(ordered, 50),
+        "p95": _percentile(ordered, 95),
+        "max": ordered[-1] if ordered else 0,
+        "mean": sum(lengths) / len(lengths) if lengths else 0.0,
+        "tokens": sum(lengths),
+        "trained_tokens": trained_total,
+        "over_max_length": sum(1 for x in lengths if max_length is not None and x > max_length),
+    }
+    return {**facts, "examples": examples, "stats": stats, "lengths": lengths}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m nbtrain.worker.jobs.preview", description=__doc__)
+    ap.add_argument("resolved", help="a run's resolved.json")
+    ap.add_argument("--out", required=True, help="where to write the preview JSON")
+    ap.add_argument("-n", type=int, default=5, help="examples to show")
+    ap.add_argument("--stats-rows", type=int, default=2000, help="rows measured for the length statistics")
+    a = ap.parse_args(argv)
+    resolved = json.loads(Path(a.resolved).read_text(encoding="utf-8"))
+    from nbtrain.worker.lean import hide_unused_packages
+
+    hide_unused_packages(resolved)  # as the training process does: the preview starts as fast
+    result = preview(resolved, a.n, a.stats_rows)
+    tmp = Path(a.out).with_suffix(".partial")
+    tmp.write_text(json.dumps(result), encoding="utf-8")
+    tmp.replace(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

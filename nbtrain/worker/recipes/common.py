@@ -1,0 +1,264 @@
+"""What every recipe does the same way: ``Recipe``, the class each recipe's own class extends, and the
+named steps it takes.
+
+``Recipe`` holds the start of every ``setup()`` (``prepare``: seed, training args, process group,
+tokenizer, data), the trainer made with the run-directory callback (``make_trainer``), ``train()`` and
+``cleanup()``. A recipe's own ``setup()`` is what differs, and reads top to bottom::
+
+    ready = self.prepare(ConfigClass)       # None when a stop came meanwhile: train() records it
+    if ready is None:
+        return
+    model = load_model(...)                 # the objective's own model (and rewards, for GRPO)
+    self.make_trainer(TrainerClass, model, ready, **objective_kwargs)
+
+``train()`` is ``train_and_save(trainer, callback, run)``. No recipe extends another. Nothing here imports
+torch, transformers or TRL at module level: the worker hides unused packages before the first library
+import.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbtrain.contract.rundir import RunPaths, write_status
+from nbtrain.worker.control import StopControl
+from nbtrain.worker.model import load_tokenizer, report_trainable
+
+
+class NonFiniteTraining(RuntimeError):
+    """The loss or gradient norm became NaN or infinite: the run fails at that step."""
+
+    def __init__(self, found: dict[str, Any], paths: RunPaths) -> None:
+        from nbtrain.contract.rundir import latest_complete_checkpoint
+
+        values = ", ".join(f"{k} {v}" for k, v in found["values"].items())
+        ckpt = latest_complete_checkpoint(paths)
+        before = f"; its last good checkpoint is {ckpt.name}" if ckpt is not None else ""
+        super().__init__(
+            f"training stopped at step {found['step']}: {values} (not a finite number){before}. Lower "
+            f"train: learning_rate, set train: max_grad_norm (e.g. 1.0), or check the rows of that step "
+            f"(on_nan: continue trains on regardless)"
+        )
+
+
+@dataclass
+class RunContext:
+    """What a recipe knows of its run: the directory, resolved.json split into its parts, and the stop
+    control the entry point set up (signals and control/stop)."""
+
+    paths: RunPaths
+    resolved: dict[str, Any]
+    stop: StopControl
+    cfg: dict[str, Any] = field(init=False)
+    plan: dict[str, Any] = field(init=False)
+    args: dict[str, Any] = field(init=False)  # train: keys, as the kernel resolved them
+
+    def __post_init__(self) -> None:
+        self.cfg = self.resolved["config"]
+        self.plan = self.resolved["plan"]
+        self.args = dict(self.resolved["train_args"])
+
+    @property
+    def objective(self) -> str:
+        return str(self.cfg.get("objective", "sft"))  # runs from before objectives existed are SFT
+
+    @property
+    def seed(self) -> int:
+        return int(self.args.get("seed", 42))
+
+    @property
+    def probe(self) -> bool:
+        """A probe run (``nbtrain.probe``, ``%%finetune --probe``) measures what its ranks hold."""
+        return bool(self.resolved.get("probe"))
+
+
+def seed(run: RunContext) -> None:
+    from transformers import set_seed
+
+    set_seed(run.seed)
+
+
+def training_args(config_class: Any, run: RunContext) -> Any:
+    """The objective's TRL config (``SFTConfig``, ``DPOConfig``, ...) from ``train:``, checkpointing into
+    RUN_DIR/checkpoints, with RUN_DIR/deepspeed.json when the plan uses DeepSpeed.
+
+    Make it before the model and keep it until the trainer has it: under ZeRO-3 it registers the
+    DeepSpeed config (transformers holds only a weak reference) that makes ``from_pretrained`` partition
+    the weights as they load.
+
+    ``save_total_limit`` is kept from the Trainer: the run-directory callback removes old checkpoints,
+    after the new one is marked complete (``run_callback``)."""
+    extra: dict[str, Any] = {}
+    if run.plan.get("deepspeed") is not None:
+        extra["deepspeed"] = str(run.paths.root / "deepspeed.json")
+    args = {k: v for k, v in run.args.items() if k != "save_total_limit"}
+    return config_class(output_dir=str(run.paths.checkpoints), **args, **extra)
+
+
+def init_distributed(args: Any, run: RunContext) -> None:
+    """Join this rank to the process group before the model exists. Reading ``args.device`` is what
+    makes transformers set up torch.distributed (gloo on CPU) from the launcher's environment; DeepSpeed
+    on CPU also needs its own ``init_distributed`` before ``from_pretrained`` (it is not done for it)."""
+    _ = args.device
+    if run.plan.get("deepspeed") is not None and run.plan["device"] == "cpu":
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+
+
+def load_run_data(resolved: dict[str, Any], tok: Any, objective: str | None = None) -> tuple[Any, Any]:
+    """(train, eval) rows of a run exactly as training sees them: every source, the column mapping, the
+    seeded eval split (the same rows on resume, and for ``nbtrain.evaluate``), checked against the
+    tokenizer. ``objective`` overrides the run's (evaluation reads SFT rows)."""
+    from nbtrain.worker.data import load_for_training
+
+    cfg = resolved["config"]
+    seed_ = int(resolved["train_args"].get("seed", 42))
+    return load_for_training(cfg, resolved["data"], objective or cfg.get("objective", "sft"), seed_, tok)
+
+
+def run_callback(run: RunContext) -> Any:
+    """The run-directory callback (metrics.jsonl, system.jsonl, status.json, stop and checkpoint
+    requests); on a probe run with a meter that samples the model-state bytes at each optimizer step."""
+    from nbtrain.worker.callbacks import RunDirCallback
+    from nbtrain.worker.measure import ModelStateMeter
+
+    limit = run.args.get("save_total_limit")
+    return RunDirCallback(
+        run.paths,
+        run.stop,
+        meter=ModelStateMeter() if run.probe else None,
+        save_total_limit=int(limit) if limit is not None else None,
+        fail_on_nan=run.cfg.get("on_nan", "fail") == "fail",  # absent from older run directories
+    )
+
+
+def train_and_save(trainer: Any, callback: Any, run: RunContext) -> str:
+    """Train (resuming from the checkpoint resolved.json names), record what each rank held, evaluate the
+    final step, save RUN_DIR/output and write the final status; "completed" or "stopped".
+
+    ``trainer`` is None when a stop came during setup: the run stops before training."""
+    from nbtrain.worker.callbacks import rank
+    from nbtrain.worker.measure import state_report
+
+    rank0 = rank() == 0
+    if run.stop.requested or trainer is None:
+        if rank0:
+            write_status(run.paths, "stopped", stop_reason=run.stop.reason, note="stopped before training")
+        return "stopped"
+    resume = (run.resolved.get("resume") or {}).get("from")
+    if resume:
+        attempt = run.resolved["resume"].get("attempt")
+        print(f"nbtrain: resuming from {resume} (attempt {attempt})", flush=True)
+    trainer.train(resume_from_checkpoint=resume)
+    state = trainer.state
+    if callback.nonfinite is not None and callback.fail_on_nan:
+        raise NonFiniteTraining(callback.nonfinite, run.paths)
+    summary = dict(callback.summary)
+    callback.write_system(state_report(trainer, callback.meter))
+    if run.stop.requested:
+        if rank0:
+            write_status(run.paths, "stopped", step=state.global_step, max_steps=state.max_steps,
+                         stop_reason=run.stop.reason, summary=summary)  # fmt: skip
+        return "stopped"
+    if trainer.eval_dataset is not None and callback.last_eval_step != state.global_step:
+        trainer.evaluate()  # logs eval_loss for the final step through the callback
+    save_output(trainer, run.paths)
+    if rank0:
+        write_status(run.paths, "completed", step=state.global_step, max_steps=state.max_steps,
+                     summary=summary, output=str(run.paths.output))  # fmt: skip
+    return "completed"
+
+
+def save_output(trainer: Any, paths: RunPaths) -> None:
+    """The model (or adapter) and tokenizer into RUN_DIR/output, complete or absent: written under
+    output.partial and renamed. Every rank takes part (ZeRO-3 gathers the partitioned weights); rank 0
+    writes the files."""
+    from nbtrain.worker.callbacks import rank
+
+    partial = paths.root / "output.partial"
+    if rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+    trainer.save_model(str(partial))
+    if rank() != 0:
+        return
+    trainer.processing_class.save_pretrained(str(partial))
+    if paths.output.exists():
+        shutil.rmtree(paths.output)
+    os.replace(partial, paths.output)
+
+
+@dataclass
+class TrainingInputs:
+    """What ``Recipe.prepare`` made for the trainer: the TRL config, the tokenizer and the rows."""
+
+    args: Any
+    tokenizer: Any
+    train: Any
+    eval: Any
+
+
+class Recipe:
+    """setup / train / cleanup of one run. A recipe class names its TRL config and trainer and builds its
+    model in ``setup()``; what every recipe does alike is here."""
+
+    def __init__(self, paths: RunPaths, resolved: dict[str, Any], stop: StopControl) -> None:
+        self.run = RunContext(paths, resolved, stop)
+        self.trainer: Any = None
+        self.callback: Any = None
+
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def prepare(self, config_class: Any) -> TrainingInputs | None:
+        """The start of every ``setup()``, in this order: seed (before anything random), the training args
+        (before the model: under ZeRO-3 they make the load partition), the process group, the tokenizer and
+        the run's data. None when a stop was requested meanwhile: the run stops before training."""
+        run = self.run
+        seed(run)
+        args = training_args(config_class, run)
+        init_distributed(args, run)
+        tok = load_tokenizer(run.cfg)
+        train, evald = load_run_data(run.resolved, tok)
+        if run.stop.requested:
+            return None  # train() records the stop
+        return TrainingInputs(args, tok, train, evald)
+
+    def make_trainer(self, trainer_class: Any, model: Any, ready: TrainingInputs, **objective: Any) -> None:
+        """The objective's trainer on the model, the args and the rows, with the run-directory callback
+        (``run_callback``); ``objective``: the trainer's own keywords (peft_config, reward_funcs, ...)."""
+        self.callback = run_callback(self.run)
+        self.trainer = trainer_class(
+            model=model,
+            args=ready.args,
+            train_dataset=ready.train,
+            eval_dataset=ready.eval,
+            processing_class=ready.tokenizer,
+            callbacks=[self.callback],
+            **objective,
+        )
+
+    def report_reference(self) -> None:
+        """The log lines of a trainer that attached the adapter itself (``peft_config``): the trainable
+        parameters, and what it compares the policy with."""
+        report_trainable(self.trainer.model, self.run.cfg["method"])
+        print(f"nbtrain: {self.run.objective} reference model: {self.reference()}", flush=True)
+
+    def reference(self) -> str:
+        """What the trainer compares the policy with (objectives with a reference: preference and RL; their
+        recipes first say when there is none)."""
+        if getattr(self.trainer, "ref_model", None) is not None:
+            return "a frozen copy of the model"
+        if self.run.cfg["method"] in ("lora", "qlora"):
+            return "the base model with the adapter disabled"
+        return "log-probs precomputed before training"
+
+    def train(self) -> str:
+        return train_and_save(self.trainer, self.callback, self.run)
+
+    def cleanup(self) -> None:
+        if self.callback is not None:
+            self.callback.close()

@@ -1,0 +1,364 @@
+"""Generation with a run's model, shared by the built-in server and one-shot ``generate``.
+
+Runs in a server or generate process, never in a kernel (it imports torch through
+``nbtrain.worker.tuned``). One copy of the weights answers for both the tuned and the base model: a
+LoRA/QLoRA run's adapter is switched off for base answers; a full fine-tune needs the base weights
+as a second model. Generation is serialised by one lock, since switching the adapter off and seeding
+the random generator are global to the model; the tokenizer has its own lock (a fast tokenizer used
+from two threads at once fails).
+
+A request's prompt and completion together fit the model's context (``context_length``): more is
+refused before anything is generated. A generation given ``cancel`` checks it after every token (and
+while it waits for the lock) and stops when it says so: the server passes "the client went away".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nbtrain.contract.rundir import RunPaths, read_json
+
+TUNED = "tuned"
+BASE = "base"
+DEFAULT_MAX_TOKENS = 128
+FALLBACK_CONTEXT = 4096  # a model whose config names no context length
+MIN_TEMPERATURE = 1e-5  # below it sampling is greedy (dividing logits by ~0 overflows)
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
+MAX_STOP_CHARS = 256
+
+
+class RequestError(ValueError):
+    """A request the engine cannot answer; the message says what to change (HTTP 400 by default)."""
+
+    def __init__(
+        self, message: str, param: str | None = None, status: int = 400, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+        self.code = code
+
+
+class Cancelled(Exception):
+    """The generation was stopped by its ``cancel`` check (the client went away)."""
+
+    def __init__(self, generated: int, max_tokens: int) -> None:
+        super().__init__(f"stopped after {generated} of {max_tokens} tokens")
+        self.generated = generated
+        self.max_tokens = max_tokens
+
+
+def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
+        raise RequestError(f"{key} must be a number from {lo:g} to {hi:g}, not {v!r}", key)
+    return float(v)
+
+
+@dataclass
+class Params:
+    """OpenAI-style generation settings, checked. ``max_tokens`` None: the default, as far as the
+    context allows."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] | None = None
+
+    @classmethod
+    def from_request(cls, body: dict[str, Any]) -> Params:
+        p = cls()
+        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        mt = body.get(key)
+        if mt is not None:
+            if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
+                raise RequestError(f"{key} must be a positive integer, not {mt!r}", key)
+            p.max_tokens = mt
+        temperature = _number(body, "temperature", 0.0, 2.0)
+        if temperature is not None:
+            p.temperature = temperature
+        top_p = _number(body, "top_p", 0.0, 1.0)
+        if top_p is not None:
+            p.top_p = top_p
+        seed = body.get("seed")
+        if seed is not None:
+            lo, hi = SEED_RANGE
+            if not isinstance(seed, int) or isinstance(seed, bool) or not lo <= seed <= hi:
+                raise RequestError(f"seed must be an integer from -2**63 to 2**64-1, not {seed!r}", "seed")
+            p.seed = seed
+        stop = body.get("stop")
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop is not None:
+            if (
+                not isinstance(stop, list)
+                or not 0 < len(stop) <= 4
+                or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop)
+            ):
+                raise RequestError(
+                    f"stop must be a non-empty string or a list of up to 4 of them, each at most "
+                    f"{MAX_STOP_CHARS} characters",
+                    "stop",
+                )
+            p.stop = stop
+        n = body.get("n", 1)
+        if n != 1 or isinstance(n, bool):
+            raise RequestError("n must be 1: this server returns one choice per request", "n")
+        return p
+
+
+@dataclass
+class Prompt:
+    """A checked request's token ids and the completion length it may have."""
+
+    ids: list[int]
+    max_tokens: int
+
+
+@dataclass
+class Output:
+    text: str
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def model_names(run_dir: str | Path) -> dict[str, str]:
+    """The model ids a run is served under: {"tuned": "<run name>", "base": "<run name>:base"}."""
+    resolved = read_json(RunPaths(Path(run_dir)).resolved)
+    name = str(resolved.get("name") or Path(run_dir).name)
+    return {TUNED: name, BASE: f"{name}:base"}
+
+
+def context_length(model: Any, tok: Any) -> int:
+    """The most tokens (prompt + completion) the model takes, from its config, else its tokenizer."""
+    cfg = getattr(model, "config", None)
+    if cfg is not None and hasattr(cfg, "get_text_config"):
+        cfg = cfg.get_text_config()
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    v = getattr(tok, "model_max_length", None)
+    if isinstance(v, int) and 0 < v < 10**7:  # transformers puts a huge number there when unknown
+        return v
+    return FALLBACK_CONTEXT
+
+
+class _Watch:
+    """A stopping criterion run after every generated token: stops when ``cancel()`` says so, and hands
+    the new text to ``on_text`` as it grows (held back where a stop string may be starting)."""
+
+    def __init__(
+        self,
+        tok: Any,
+        tok_lock: threading.Lock,
+        prompt_len: int,
+        stop: list[str] | None,
+        cancel: Callable[[], bool] | None,
+        on_text: Callable[[str], None] | None,
+    ) -> None:
+        self.tok, self.tok_lock, self.prompt_len = tok, tok_lock, prompt_len
+        self.stop = stop or []
+        self.holdback = max((len(s) for s in self.stop), default=1) - 1
+        self.cancel, self.on_text = cancel, on_text
+        self.sent = ""
+        self.cancelled = False
+        self.generated = 0
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        new = input_ids[0, self.prompt_len :].tolist()
+        self.generated = len(new)
+        if self.on_text is not None:
+            with self.tok_lock:
+                text = self.tok.decode(new, skip_special_tokens=True)
+            if not any(s in text for s in self.stop):  # the final text is cut there: sent at the end
+                safe = text[: len(text) - self.holdback].rstrip("\ufffd")  # not half a character
+                self.send(safe)
+        if self.cancel is not None and not self.cancelled and self.cancel():
+            self.cancelled = True
+        return torch.full((input_ids.shape[0],), self.cancelled, dtype=torch.bool, device=input_ids.device)
+
+    def send(self, text: str) -> None:
+        """Send what ``text`` adds to the text sent so far (nothing when it is not an extension)."""
+        if self.on_text is not None and len(text) > len(self.sent) and text.startswith(self.sent):
+            piece, self.sent = text[len(self.sent) :], text
+            self.on_text(piece)
+
+
+class Engine:
+    def __init__(
+        self, run_dir: str | Path, *, base_only: bool = False, device: str = "auto", dtype: str | None = None
+    ) -> None:
+        import torch
+
+        from nbtrain.worker.tuned import load_tuned
+
+        self.run_dir = Path(run_dir).resolve()
+        self.names = model_names(self.run_dir)
+        if base_only:
+            del self.names[TUNED]
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        self.method = read_json(RunPaths(self.run_dir).resolved)["config"]["method"]
+        self.lock = threading.Lock()
+        self.tok_lock = threading.Lock()
+        self.base_model: Any = None
+        self.model, self.tok = load_tuned(self.run_dir, base=base_only, dtype=dtype, device=device)
+        if not base_only and not hasattr(self.model, "disable_adapter"):
+            # A full fine-tune replaced the weights: base answers need the base model itself.
+            self.base_model, _ = load_tuned(self.run_dir, base=True, dtype=dtype, device=device)
+        self.context_length = context_length(self.model, self.tok)
+
+    # --------------------------------------------------------------------------------- names
+    def which(self, model: Any) -> str:
+        """TUNED or BASE for a request's ``model`` (its id, or the aliases "tuned" / "base")."""
+        if model is None:
+            return TUNED if TUNED in self.names else BASE
+        for kind, name in self.names.items():
+            if isinstance(model, str) and model in (name, kind):
+                return kind
+        raise RequestError(
+            f"model {model!r} is not served here; use one of {', '.join(self.names.values())}",
+            "model",
+            404,
+            "model_not_found",
+        )
+
+    @contextlib.contextmanager
+    def _model_for(self, kind: str) -> Iterator[Any]:
+        if kind == TUNED or TUNED not in self.names:
+            yield self.model  # with --base-only the loaded model is the base
+        elif self.base_model is not None:
+            yield self.base_model
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
+    # ------------------------------------------------------------------------------- prompts
+    def chat_prompt(self, messages: Any, params: Params) -> Prompt:
+        """Check ``messages`` and put them through the chat template; the prompt must leave room."""
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+                raise RequestError(f"messages[{i}] must be an object with 'role' and 'content'", "messages")
+            if not isinstance(m["content"], str):
+                raise RequestError(f"messages[{i}].content must be a string (text only)", "messages")
+        if not getattr(self.tok, "chat_template", None):
+            raise RequestError(
+                "this model's tokenizer has no chat template; use /v1/completions with a plain prompt",
+                "messages",
+            )
+        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+        try:
+            with self.tok_lock:
+                ids = self.tok.apply_chat_template(
+                    msgs, add_generation_prompt=True, tokenize=True, return_dict=True
+                )
+        except Exception as e:  # noqa: BLE001 - the template (Jinja) refusing the messages is the request's fault
+            raise RequestError(f"the model's chat template refused these messages: {e}", "messages") from None
+        return self._fit(list(ids["input_ids"]), params, "messages")
+
+    def text_prompt(self, prompt: Any, params: Params) -> Prompt:
+        if not isinstance(prompt, str):
+            raise RequestError("prompt must be a string or a non-empty list of strings", "prompt")
+        with self.tok_lock:
+            ids = self.tok(prompt, add_special_tokens=True)["input_ids"]
+        return self._fit(list(ids), params, "prompt")
+
+    def _fit(self, ids: list[int], params: Params, what: str) -> Prompt:
+        ctx, n = self.context_length, len(ids)
+        if params.max_tokens is None:
+            if n < ctx:
+                return Prompt(ids, min(DEFAULT_MAX_TOKENS, ctx - n))
+            asked = f"{n} tokens in the {what}, and at least 1 for the completion"
+        elif n + params.max_tokens <= ctx:
+            return Prompt(ids, params.max_tokens)
+        else:
+            asked = (
+                f"{n + params.max_tokens} tokens ({n} in the {what}, {params.max_tokens} for the completion)"
+            )
+        raise RequestError(
+            f"This model's maximum context length is {ctx} tokens. However, you requested {asked}. "
+            f"Please reduce the length of the {what} or max_tokens.",
+            what if params.max_tokens is None else "max_tokens",
+            code="context_length_exceeded",
+        )
+
+    # ---------------------------------------------------------------------------- generation
+    def chat(self, messages: Any, kind: str, params: Params) -> Output:
+        return self.generate(self.chat_prompt(messages, params), kind, params)
+
+    def complete(self, prompt: Any, kind: str, params: Params) -> Output:
+        return self.generate(self.text_prompt(prompt, params), kind, params)
+
+    def generate(
+        self,
+        prompt: Prompt,
+        kind: str,
+        params: Params,
+        *,
+        cancel: Callable[[], bool] | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Output:
+        """The completion of ``prompt``. ``cancel``: checked while waiting and after every token; when
+        it returns True generation stops and Cancelled is raised. ``on_text``: called with each new
+        piece of text as it is generated (streaming); the pieces add up to the returned text."""
+        import torch
+        from transformers import StoppingCriteriaList
+
+        input_ids, max_tokens = prompt.ids, prompt.max_tokens
+        ids = torch.tensor([input_ids], device=self.device)
+        watch = _Watch(self.tok, self.tok_lock, len(input_ids), params.stop, cancel, on_text)
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_tokens,
+            "pad_token_id": self.tok.pad_token_id,
+            "attention_mask": torch.ones_like(ids),
+            "stopping_criteria": StoppingCriteriaList([watch]),
+        }
+        if params.temperature >= MIN_TEMPERATURE:
+            kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if params.stop:
+            kwargs.update(stop_strings=params.stop, tokenizer=self.tok)
+        while not self.lock.acquire(timeout=0.1):  # another request is generating
+            if cancel is not None and cancel():
+                raise Cancelled(0, max_tokens)
+        try:
+            if cancel is not None and cancel():  # left while waiting: start nothing
+                raise Cancelled(0, max_tokens)
+            with torch.inference_mode(), self._model_for(kind) as model:
+                if params.seed is not None:
+                    torch.manual_seed(params.seed)
+                out = model.generate(input_ids=ids, **kwargs)
+        finally:
+            self.lock.release()
+        new = out[0, len(input_ids) :].tolist()
+        if watch.cancelled:
+            raise Cancelled(len(new), max_tokens)
+        with self.tok_lock:
+            text = self.tok.decode(new, skip_special_tokens=True)
+        finish = "length" if len(new) >= max_tokens else "stop"
+        for s in params.stop or []:
+            cut = text.find(s)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+        eos = self.tok.eos_token_id
+        if new and new[-1] == eos:
+            finish = "stop"
+        watch.send(text)
+        return Output(text, finish, len(input_ids), len(new))

@@ -1,0 +1,48 @@
+"""One-shot generation without a server:
+
+    python -m nbtrain.worker.serve.generate RUN_DIR REQUEST.json RESULT.json
+
+
+REQUEST.json: {"prompts": [str | [{"role", "content"}, ...]], "chat": bool, "base": bool, "device": str,
+"params": {max_tokens, temperature, top_p, seed, stop}}. Writes {"outputs": [str, ...]} (or {"error": str})
+to RESULT.json; the process's own output is only logs. Used by ``Run.generate`` when no server is up.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from nbtrain.contract.rundir import atomic_write_json
+from nbtrain.worker.serve.engine import BASE, TUNED, Engine, Params, RequestError
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 3:
+        print(
+            "usage: python -m nbtrain.worker.serve.generate RUN_DIR REQUEST.json RESULT.json", file=sys.stderr
+        )
+        return 2
+    req = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    try:
+        params = Params.from_request(req.get("params") or {})
+        engine = Engine(argv[0], base_only=bool(req.get("base")), device=req.get("device", "auto"))
+        kind = BASE if req.get("base") else TUNED
+        outputs = []
+        for p in req["prompts"]:
+            if req.get("chat", True):
+                msgs = [{"role": "user", "content": p}] if isinstance(p, str) else p
+                outputs.append(engine.chat(msgs, kind, params).text)
+            else:
+                outputs.append(engine.complete(p, kind, params).text)
+    except RequestError as e:
+        atomic_write_json(Path(argv[2]), {"error": str(e)})
+        return 1
+    atomic_write_json(Path(argv[2]), {"outputs": outputs})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""The chat widget in a real JupyterLab (headless chromium) against a real server of (a copy of) the shared
+tuned run: Shift+Enter in its text box adds a line and does not run the cell, Enter sends, the reply grows
+on the page as it streams, a server stopped elsewhere is said so, Restart brings it back and Send sends.
+
+NBTRAIN_UPDATE_SCREENSHOTS=1 writes the picture to docs/screenshots/chat.png (otherwise it goes to the
+test's artifacts folder only, so a test run never dirties the working tree)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.browser.test_notebook_e2e import _kernel_idle
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # the shared tuned run is a real training process
+
+DOCS = ROOT / "docs" / "screenshots"
+# Every text the base model's reply showed on the page while it came (a MutationObserver, from before Enter).
+WATCH_JS = """() => {
+    window.__nbtrainShown = [];
+    const log = document.querySelector('.nbtrain-chat-log');
+    new MutationObserver(() => {
+        const t = [...log.querySelectorAll('.nbtrain-chat-base .nbtrain-chat-text')].pop();
+        if (t && t.textContent) window.__nbtrainShown.push(t.textContent);
+    }).observe(log, {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def test_chat_in_jupyterlab_enter_sends_shift_enter_adds_a_line_and_replies_stream(
+    lab: tuple[str, str], tmp_path: Path, tuned_run: Path, shots: Path
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url, token = lab
+    run = tmp_path / "runs" / "tuned"
+    shutil.copytree(tuned_run, run, ignore=shutil.ignore_patterns("checkpoints", "serve.json", "logs"))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            f"import nbtrain\nrun = nbtrain.get_run({str(run)!r})\nchat = run.chat(compare_base=True, "
+            "max_tokens=40)\nchat"
+        ),
+        nbformat.v4.new_code_cell("run.stop_serving()"),
+    ]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "chat.ipynb")
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{url}/lab/tree/chat.ipynb?token={token}")
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        expect(cells).to_have_count(2, timeout=60_000)
+        _kernel_idle(url, token)
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # runs the chat cell; the second cell becomes the active one
+        box = page.locator(".nbtrain-chat textarea")
+        expect(box).to_be_visible(timeout=60_000)
+        status = cells.nth(0).locator(".widget-html-content").first
+        try:
+            expect(status).to_contain_text("served at", timeout=120_000)
+        except AssertionError:
+            page.screenshot(path=str(shots / "no-server.png"))
+            raise
+        # Which cell is active and what each cell's prompt says: running a cell would change them.
+        cells_state = """() => [...document.querySelectorAll('.jp-Notebook .jp-Cell')].map(c =>
+            [c.classList.contains('jp-mod-active'), c.querySelector('.jp-InputPrompt').textContent])"""
+
+        # Shift+Enter in the box adds a line: it neither sends nor runs a cell.
+        box.click()
+        before = page.evaluate(cells_state)
+        page.keyboard.type("What is 2 + 3?")
+        page.keyboard.press("Shift+Enter")
+        page.keyboard.type("Answer briefly.")
+        expect(box).to_have_value("What is 2 + 3?\nAnswer briefly.")
+        assert page.evaluate(cells_state) == before and cells.count() == 2
+        assert page.locator(".nbtrain-chat-user").count() == 0
+
+        # Enter sends: the box empties, the message shows, the reply grows as it streams.
+        page.evaluate(WATCH_JS)
+        page.keyboard.press("Enter")
+        expect(box).to_have_value("", timeout=10_000)
+        expect(page.locator(".nbtrain-chat-user")).to_have_count(1)
+        expect(page.locator(".nbtrain-chat-user .nbtrain-chat-text")).to_have_text(
+            "What is 2 + 3?\nAnswer briefly."
+        )
+        expect(page.locator(".nbtrain-chat-typing")).to_have_count(0, timeout=120_000)
+        shown = page.evaluate("() => window.__nbtrainShown")
+        final = page.locator(".nbtrain-chat-base .nbtrain-chat-text").last.text_content() or ""
+        assert final and len(set(shown)) > 1 and all(final.startswith(s) for s in shown), shown
+        expect(page.locator(".nbtrain-chat-tuned .nbtrain-chat-text")).not_to_have_text("")
+        assert page.evaluate(cells_state) == before and cells.count() == 2
+        cells.nth(0).scroll_into_view_if_needed()
+        chat_area = cells.nth(0).locator(".jp-OutputArea")
+        chat_area.screenshot(path=str(shots / "chat.png"))
+
+        # The server stopped from another cell: the widget says so; Restart serves again.
+        cells.nth(1).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+        expect(status).to_contain_text("The model server has stopped", timeout=30_000)
+        restart = page.locator(".nbtrain-chat-restart, button", has_text="Restart server")
+        expect(restart).to_be_visible()
+        chat_area.screenshot(path=str(shots / "chat-server-gone.png"))
+        restart.click()
+        expect(status).to_contain_text("served at", timeout=120_000)
+        expect(restart).to_be_hidden()
+        expect(page.locator(".nbtrain-chat-user")).to_have_count(1)  # the conversation is kept
+        box.fill("Say hello.")
+        page.locator(".nbtrain-chat-send").click()  # the Send button, as Enter
+        expect(page.locator(".nbtrain-chat-user")).to_have_count(2, timeout=10_000)
+        expect(box).to_have_value("")
+        expect(page.locator(".nbtrain-chat-typing")).to_have_count(0, timeout=120_000)
+        browser.close()
+    assert not errors, errors
+    if os.environ.get("NBTRAIN_UPDATE_SCREENSHOTS"):
+        DOCS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shots / "chat.png", DOCS / "chat.png")

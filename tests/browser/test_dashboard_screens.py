@@ -1,0 +1,118 @@
+"""The dashboard as people see it, in a real JupyterLab (headless chromium): one short training run, shot
+mid-run (live widget) and completed (the static figure it turns into). The screenshots are the ones in
+docs/screenshots/, so they stay current; the checks are what a designer looked at: the phase shown before
+the first step, axis titles on every panel, the same figure size live and static, no stale repr.
+
+NBTRAIN_UPDATE_SCREENSHOTS=1 writes the two pictures to docs/screenshots/ (otherwise they go to the test's
+artifacts folder only, so a test run never dirties the working tree)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.browser.test_notebook_e2e import LOSS_POINTS_JS, _kernel_idle
+from tests.conftest import ROOT, lora_yaml
+
+pytestmark = pytest.mark.browser
+
+DOCS = ROOT / "docs" / "screenshots"
+STEPS = 80
+# What the frame says before the first step, whichever moment the browser first draws it.
+PHASES = re.compile(r"queued|starting the training process|loading model|waiting for the first logged step")
+CELL = "%%finetune --name tiny-lora\n" + lora_yaml(STEPS).replace(
+    "  logging_steps: 1", "  logging_steps: 1\n  save_steps: 100000"
+)
+# The size of each Plotly figure among the elements given (those plotly.js drew in), and its axis titles.
+PLOTS_JS = """els => els.filter(gd => gd._fullLayout).map(gd => {
+    const r = gd.getBoundingClientRect();
+    const titles = re => [...gd.querySelectorAll('text')].filter(t => re.test(t.getAttribute('class')))
+        .map(t => t.textContent);
+    return {w: Math.round(r.width), h: Math.round(r.height),
+            xtitles: titles(/^x\\d*title$/), ytitles: titles(/^y\\d*title$/),
+            title: (gd.querySelector('.gtitle') || {}).textContent || ''};
+})"""
+
+
+def test_dashboard_mid_run_and_completed(
+    lab: tuple[str, str], workdir: Path, tmp_path: Path, shots: Path
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url, token = lab
+    # no "get notified about Jupyter news?" toast over the pictures (the lab's user settings, read at load)
+    news = (
+        tmp_path
+        / "jupyter_config/lab/user-settings/@jupyterlab/apputils-extension/notification.jupyterlab-settings"
+    )
+    news.parent.mkdir(parents=True, exist_ok=True)
+    news.write_text('{"fetchNews": "false"}')
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext nbtrain"), nbformat.v4.new_code_cell(CELL)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, workdir / "shots.ipynb")
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1200, "height": 1100})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{url}/lab/tree/shots.ipynb?token={token}")
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        expect(cells).to_have_count(2, timeout=60_000)
+        _kernel_idle(url, token)
+        # the file browser closed: the notebook, and so the dashboard, as wide as the window allows
+        page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current").click()
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+        page.keyboard.press("Shift+Enter")
+        output = cells.nth(1).locator(".jp-Cell-outputWrapper")
+        dashboard = output.locator(".jp-OutputArea-child").first  # the pictures: the dashboard's output
+
+        # Before the first step the frame says what the run is doing, not an empty chart.
+        try:
+            phase = output.locator(".js-plotly-plot .annotation-text", has_text=PHASES)
+            expect(phase).to_have_count(1, timeout=60_000)
+        except AssertionError:
+            page.screenshot(path=str(shots / "no-phase.png"))
+            raise
+
+        page.screenshot(path=str(shots / "phase.png"))
+        page.wait_for_function(f"({LOSS_POINTS_JS})() >= 20", timeout=120_000)
+        page.wait_for_timeout(600)  # let the widget draw its last update
+        # while live the cell also holds the static snapshot a saved notebook shows, hidden under the widget
+        live = output.locator(".js-plotly-plot >> visible=true").evaluate_all(PLOTS_JS)
+        assert "running" in live[0]["title"], live  # still the live widget
+        dashboard.scroll_into_view_if_needed()
+        dashboard.screenshot(path=str(shots / "dashboard-live.png"))
+
+        done_title = output.locator(".js-plotly-plot .gtitle", has_text="completed")
+        expect(done_title).to_have_count(1, timeout=180_000)
+        # and once it is the final figure, the snapshot is emptied: one figure in the cell
+        expect(output.locator(".js-plotly-plot")).to_have_count(1, timeout=10_000)
+        page.wait_for_timeout(600)
+        done = output.locator(".js-plotly-plot").evaluate_all(PLOTS_JS)
+        dashboard.screenshot(path=str(shots / "dashboard-done.png"))
+        text = output.inner_text()
+        (shots / "done-output.html").write_text(output.inner_html())
+        browser.close()
+
+    assert not errors, errors
+    assert len(live) == len(done) == 1, (live, done)  # one figure: the widget turned static, not added to
+    (lv,), (dn,) = live, done
+    # the figure does not jump when it turns static
+    assert (lv["w"], lv["h"]) == (dn["w"], dn["h"]), (lv, dn)
+    for fig in (lv, dn):
+        assert fig["xtitles"].count("step") == 5, fig  # every panel, one x quantity
+        assert {"loss", "learning rate", "tokens/s", "GiB"} <= {t.split(" (")[0] for t in fig["ytitles"]}
+    assert "starting (step 0)" not in text and "queued" not in text
+    if os.environ.get("NBTRAIN_UPDATE_SCREENSHOTS"):
+        DOCS.mkdir(parents=True, exist_ok=True)
+        for name in ("dashboard-live.png", "dashboard-done.png"):
+            shutil.copyfile(shots / name, DOCS / name)

@@ -1,0 +1,119 @@
+"""The config panel in a real JupyterLab (headless chromium): the guided form as people see it (its
+screenshot is the one in docs/screenshots/), "To cell" inserting the %%finetune cell below the panel at once
+(through the lab extension's comm target, no other cell run first), and that cell running.
+
+NBTRAIN_UPDATE_SCREENSHOTS=1 writes panel.png to docs/screenshots/ (otherwise it goes to the test's
+artifacts folder only, so a test run never dirties the working tree)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import nbtrain
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.browser.test_notebook_e2e import _kernel_idle
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.browser
+
+DOCS = ROOT / "docs" / "screenshots"
+CONFIG = (
+    "model: ./tiny-llama\nobjective: sft\ndata: {train: data/add.jsonl, eval_split: 0.1}\n"
+    "train: {max_steps: 40, learning_rate: 3.0e-3, per_device_train_batch_size: 4,\n"
+    "        lr_scheduler_type: cosine}\n"
+    "lora: {r: 16, alpha: 32}\nname: adder\n"
+)
+# Each label of the form: its text, whether it is cut off, and its tooltip.
+LABELS_JS = """() => [...document.querySelectorAll('.nbtrain-panel .nbtrain-label')]
+    .filter(l => l.offsetParent !== null)
+    .map(l => ({text: l.textContent, cut: l.scrollWidth > l.clientWidth + 1, title: l.title}))"""
+
+
+@pytest.fixture
+def stop_runs_after(workdir: Path) -> Iterator[None]:
+    """Runs are detached and outlive the kernel by design: stop what the test started."""
+    yield
+    for run in nbtrain.runs():
+        if not run.status().done:
+            run.stop(timeout=30)
+
+
+def test_panel_form_and_to_cell_inserts_a_runnable_cell_at_once(
+    lab: tuple[str, str], workdir: Path, shots: Path, stop_runs_after: None
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url, token = lab
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(f"import nbtrain\nnbtrain.panel({CONFIG!r})"),
+        nbformat.v4.new_markdown_cell("The end of the notebook."),
+    ]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, workdir / "panel.ipynb")
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        # tall enough for the whole panel in one picture
+        page = browser.new_page(viewport={"width": 1400, "height": 1900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{url}/lab/tree/panel.ipynb?token={token}")
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        expect(cells).to_have_count(2, timeout=60_000)
+        _kernel_idle(url, token)
+        page.add_style_tag(content=".Toastify { display: none !important }")  # JupyterLab's news toast
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+
+        panel = page.locator(".nbtrain-panel")
+        expect(panel).to_be_visible(timeout=60_000)
+        # the data preview and the YAML come from the kernel's first check: the form is settled then
+        expect(panel.locator(".nbtrain-preview")).to_contain_text("row 1", timeout=30_000)
+        stop = panel.locator("button", has_text="Stop")
+        expect(stop).to_be_disabled()  # nothing launched from it yet
+        steps = page.evaluate(
+            "() => [...document.querySelectorAll('.nbtrain-panel .nbtrain-step-title')]"
+            ".map(t => t.childNodes[1].textContent)"
+        )
+        assert steps == ["Model", "Method", "Data", "Hyperparameters", "Start"]
+        labels = page.evaluate(LABELS_JS)
+        assert labels and not [lab for lab in labels if lab["cut"]], labels
+        lr = next(lab for lab in labels if lab["text"] == "Learning rate")
+        assert lr["title"].startswith("train.learning_rate"), lr
+        model_box = panel.locator("input[placeholder='./model-dir or org/name']")
+        options = model_box.evaluate("i => [...(i.list ? i.list.options : [])].map(o => o.value)")
+        assert "./tiny-llama" in options
+        page.wait_for_timeout(300)
+        output = cells.nth(0).locator(".jp-Cell-outputWrapper")
+        output.screenshot(path=str(shots / "panel.png"))
+
+        # To cell: the new cell is there at once, below the panel's cell, no other cell run first
+        panel.locator("button", has_text="To cell").click()
+        expect(cells).to_have_count(3, timeout=5_000)
+        new = cells.nth(1)
+        expect(new.locator(".cm-content")).to_contain_text("%%finetune", timeout=5_000)
+        expect(panel).to_contain_text("below the panel: run it", timeout=5_000)
+        page.screenshot(path=str(shots / "to-cell.png"))
+
+        # and it runs: the run starts and its dashboard shows in that cell
+        new.locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+        expect(new.locator(".js-plotly-plot >> visible=true")).to_have_count(1, timeout=60_000)
+        assert new.locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+        assert "Error" not in new.locator(".jp-Cell-outputWrapper").inner_text()
+        page.screenshot(path=str(shots / "to-cell-ran.png"))
+        browser.close()
+
+    assert not errors, errors
+    (run,) = nbtrain.runs()
+    assert run.name == "adder"
+    if os.environ.get("NBTRAIN_UPDATE_SCREENSHOTS"):
+        DOCS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shots / "panel.png", DOCS / "panel.png")

@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nbtrain.control.config.schema import load_config
+from nbtrain.control.plan.planner import make_plan, train_args
+from nbtrain.hardware import GPU, Hardware, probe
+from tests.conftest import lora_yaml
+
+T4 = GPU(0, "Tesla T4", 16 * 2**30, 15 * 2**30, (7, 5))
+A100 = GPU(0, "NVIDIA A100-SXM4-80GB", 80 * 2**30, 79 * 2**30, (8, 0))
+
+
+@pytest.mark.parametrize(
+    ("gpus", "precision", "device", "want"),
+    [
+        ([], "auto", "cpu", "fp32"),
+        ([T4], "auto", "cuda", "fp16"),  # no native bf16 before compute capability 8.0
+        ([A100], "auto", "cuda", "bf16"),
+        ([A100], "fp32", "cuda", "fp32"),
+    ],
+)
+def test_device_and_precision_follow_the_hardware(
+    workdir: Path, gpus: list[GPU], precision: str, device: str, want: str
+) -> None:
+    res = load_config(lora_yaml() + f"precision: {precision}\n")
+    plan = make_plan(res, Hardware(gpus=gpus, cpu_count=2))
+    assert (plan.device, plan.precision, plan.num_processes) == (device, want, 1)
+    assert plan.reasons
+
+
+def test_bf16_on_a_card_without_it_warns(workdir: Path) -> None:
+    plan = make_plan(load_config(lora_yaml() + "precision: bf16\n"), Hardware(gpus=[T4]))
+    assert plan.precision == "bf16" and "no native bf16" in plan.warnings[0]
+
+
+def test_hf_style_bf16_flag_counts_as_a_precision_request(workdir: Path) -> None:
+    plan = make_plan(load_config(lora_yaml(extra="  bf16: true\n")), Hardware(gpus=[A100]))
+    assert plan.precision == "bf16"
+
+
+def test_train_args_fill_notebook_defaults_but_user_keys_win(workdir: Path) -> None:
+    res = load_config(lora_yaml(extra="  report_to: tensorboard\n"))
+    args = train_args(res, make_plan(res, Hardware()))
+    assert args["use_cpu"] is True and args["bf16"] is False
+    assert args["report_to"] == "tensorboard" and args["logging_steps"] == 1
+    assert args["include_num_input_tokens_seen"] == "non_padding"
+    assert "eval_strategy" not in args
+
+
+def test_probe_finds_no_gpu_here_without_touching_cuda() -> None:
+    hw = probe()
+    assert hw.cpu_count >= 1 and hw.ram_total > 0
+    if not hw.gpus:
+        assert hw.nvml_error
+
+
+# ----------------------------------------------------------------- planner decisions from the estimate
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "model_configs"
+RTX4090 = GPU(0, "NVIDIA GeForce RTX 4090", 24 * 2**30, 23 * 2**30, (8, 9))
+T4_16 = GPU(0, "Tesla T4", 15 * 2**30, 15 * 2**30, (7, 5))
+
+
+def hw(*gpus: GPU, n: int = 1, ram_gib: int = 256) -> Hardware:
+    cards = [
+        GPU(i, g.name, g.memory_total, g.memory_free, g.compute_capability) for g in gpus for i in range(n)
+    ]
+    return Hardware(gpus=cards, cpu_count=16, ram_total=ram_gib * 2**30, ram_available=(ram_gib - 16) * 2**30)
+
+
+def real_model(name: str, method: str, extra: str = "", train: str = "") -> str:
+    return (
+        f"model: {FIXTURES / name}\nmethod: {method}\ndata: {{train: data/add.jsonl}}\n"
+        f"train: {{max_length: 1024{train}}}\n{extra}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("hardware", "model", "method", "extra", "want"),
+    [
+        (hw(RTX4090), "Meta-Llama-3-8B", "auto", "", {"method": "qlora", "precision": "bf16"}),
+        (hw(A100), "Meta-Llama-3-8B", "auto", "", {"method": "lora", "precision": "bf16"}),
+        (hw(T4_16), "Qwen2.5-7B", "auto", "", {"method": "qlora", "precision": "fp16"}),
+        (hw(A100), "Qwen2.5-0.5B", "auto", "", {"method": "lora"}),
+        (hw(A100, n=8, ram_gib=1024), "Llama-2-13b", "full", "", {"strategy": "zero2", "num_processes": 8}),
+        # ZeRO-2 would fit the GPUs, but 8 processes each loading the model in fp32 would not fit 256 GiB of
+        # host RAM; ZeRO-3 loads it one module at a time
+        (hw(A100, n=8), "Llama-2-13b", "full", "", {"strategy": "zero3", "num_processes": 8}),
+        (hw(A100, n=4), "Llama-2-13b", "full", "", {"strategy": "zero3", "offload": "none"}),
+        (hw(A100, n=2), "Llama-2-13b", "full", "", {"strategy": "zero3", "offload": "optimizer"}),
+        (hw(A100, n=4), "Qwen2.5-0.5B", "full", "", {"strategy": "ddp"}),
+    ],
+)
+def test_planner_decisions(
+    workdir: Path, hardware: Hardware, model: str, method: str, extra: str, want: dict[str, object]
+) -> None:
+    import nbtrain
+
+    prep = nbtrain.prepare(
+        real_model(model, method, extra, ", per_device_train_batch_size: 2"), hardware=hardware
+    )
+    got = {k: getattr(prep.plan, k) for k in want}
+    assert got == want, prep.plan.reasons
+    assert prep.plan.fits and prep.plan.estimate is not None
+    assert prep.resolved.config.method == prep.plan.method  # recorded concretely in resolved.json
+    assert any(want.get("method", "") in r or want.get("strategy", "") in r for r in prep.plan.reasons)
+
+
+def test_micro_batch_auto_keeps_the_effective_batch(workdir: Path) -> None:
+    import nbtrain
+
+    text = real_model("Meta-Llama-3-8B", "qlora", "batch_size: 32\n", ", per_device_train_batch_size: auto")
+    prep = nbtrain.prepare(text, hardware=hw(RTX4090))
+    micro, accum = (
+        prep.train_args["per_device_train_batch_size"],
+        prep.train_args["gradient_accumulation_steps"],
+    )
+    assert micro & (micro - 1) == 0 and micro >= 1  # a power of two
+    assert micro * accum >= 32 and micro * (accum - 1) < 32
+    bigger = nbtrain.prepare(text.replace("auto", str(micro * 2)), hardware=hw(RTX4090))
+    assert not bigger.plan.fits  # the next power of two would not have fitted
+
+
+@pytest.mark.parametrize(("batch", "gpus", "want"), [(8, 1, (8, 1)), (12, 1, (12, 1)), (8, 4, (2, 1))])
+def test_micro_batch_auto_never_exceeds_the_batch_asked(
+    workdir: Path, batch: int, gpus: int, want: tuple[int, int]
+) -> None:
+    import nbtrain
+
+    text = real_model("Qwen2.5-0.5B", "lora", f"batch_size: {batch}\n", ", per_device_train_batch_size: auto")
+    prep = nbtrain.prepare(text, hardware=hw(A100, n=gpus))  # room for far more than asked
+    args = prep.train_args
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == want
+    assert f"keeps the effective batch at {batch} (asked {batch})" in " ".join(prep.plan.reasons)
+
+
+def test_a_run_that_cannot_fit_is_refused_with_the_smallest_change(workdir: Path) -> None:
+    import nbtrain
+    from nbtrain.contract.errors import NbtrainError
+
+    text = real_model("Meta-Llama-3-8B", "full")
+    prep = nbtrain.prepare(text, hardware=hw(RTX4090))
+    assert not prep.plan.fits
+    assert (
+        "Smallest change that fits: method: lora with per_device_train_batch_size: 1" in prep.plan.fit_advice
+    )
+    assert "DOES NOT FIT" in prep.summary()
+    with pytest.raises(
+        NbtrainError, match=r"not started: needs [\d.]+ GiB per GPU, 21.6 GiB usable of 24.0 GiB"
+    ):
+        nbtrain.start(prep)
+    assert nbtrain.runs() == []
+
+
+def test_estimate_report_lists_methods_and_strategies(workdir: Path) -> None:
+    import nbtrain
+
+    text = real_model("Meta-Llama-3-8B", "auto", "", ", per_device_train_batch_size: 2")
+    report = nbtrain.estimate(text, hardware=hw(RTX4090, n=2))
+    rows = {(r["method"], r["strategy"], r["offload"]): r for r in report.table}
+    assert rows[("qlora", "none", "none")]["fits"] and not rows[("full", "none", "none")]["fits"]
+    assert ("full", "zero3", "optimizer+params") in rows
+    assert "method x strategy on this machine" in report.text()
+    assert report.figure() is not None

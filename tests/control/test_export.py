@@ -1,0 +1,78 @@
+"""nbtrain.control.export from the kernel side: checks before anything starts, the detached export worker, the
+merged model reloaded on its own, and a hub push that fails offline without losing the export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nbtrain
+from nbtrain.contract.errors import NbtrainError
+from tests.worker.test_export import greedy
+
+
+@pytest.mark.slow
+def test_merged_export_reloads_alone_and_generates_what_base_plus_adapter_does(
+    run_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "merged"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network here: the push must fail, the export must stay
+    with pytest.raises(NbtrainError) as err:
+        nbtrain.get_run(run_copy).export(target, dtype="fp32", push_to_hub="someone/tiny-merged")
+    msg = str(err.value)
+    assert f"exported to {target}" in msg and "someone/tiny-merged" in msg and "offline" in msg.lower()
+    log = (run_copy / "logs" / "export.log").read_text()
+    assert "nbtrain export: not loaded (this run does not use them): bitsandbytes, scipy" in log
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nbtrain.worker.tuned import load_tuned
+
+    names = {p.name for p in target.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+            "tokenizer_config.json", "nbtrain_export.json"} <= names  # fmt: skip
+    record = json.loads((target / "nbtrain_export.json").read_text())
+    assert (record["kind"], record["method"], record["dtype"]) == ("merged", "lora", "float32")
+    merged = AutoModelForCausalLM.from_pretrained(target)  # no peft, no base model path needed
+    assert merged.dtype == torch.float32
+    tuned, tok = load_tuned(run_copy, dtype="fp32")  # base + adapter (unmerged), same dtype
+    assert greedy(merged, tok) == greedy(tuned, tok)
+
+
+def test_a_non_empty_target_is_refused_and_left_untouched(run_copy: Path, tmp_path: Path) -> None:
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(NbtrainError, match=r"not empty; .*overwrite=True"):
+        nbtrain.export(run_copy, to=target)
+    assert [p.name for p in target.iterdir()] == ["notes.txt"]
+    assert not (run_copy / "logs" / "export.log").exists()  # nothing was started
+
+
+def test_every_problem_is_reported_at_once_before_anything_starts(run_copy: Path, tmp_path: Path) -> None:
+    shutil.rmtree(run_copy / "output")
+    with pytest.raises(NbtrainError) as err:
+        nbtrain.export(run_copy, to=tmp_path / "x", dtype="int3", push_to_hub="not a repo")
+    msg = str(err.value)
+    assert "no trained weights" in msg and "'int3' is not one of" in msg and "not a hub repo id" in msg
+    assert not (tmp_path / "x").exists() and not (run_copy / "logs" / "export.log").exists()
+
+
+def test_the_kernel_side_imports_no_torch() -> None:
+    code = (
+        "import sys, nbtrain, nbtrain.ui.magics, nbtrain.control.export, nbtrain.control.evaluate\n"
+        "import nbtrain.control.tracking\n"
+        "heavy = ('torch', 'transformers', 'peft', 'trl', 'bitsandbytes', 'lm_eval', 'tensorboard',\n"
+        "         'wandb')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"

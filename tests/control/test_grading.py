@@ -1,0 +1,109 @@
+"""Run records saved in a notebook and nbtrain.check, on one real run started from a %%finetune cell in a
+real kernel; the executed notebook is written to disk and read back as an autograder would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+import nbtrain
+from nbtrain.control.grading import RECORD_MIME
+from tests.conftest import lora_yaml
+from tests.notebook import error_of, execute, text_of
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> tuple[Any, Path, Path]:
+    """A notebook that trains in the background, waits in another cell, records on demand and checks;
+    executed headless and saved. Returns (notebook, its path, the run directory)."""
+    from nbtrain.examples import write_dataset
+
+    work = tmp_path_factory.mktemp("graded")
+    (work / "tiny-llama").symlink_to(tiny_model)
+    write_dataset(work / "data" / "add.jsonl")
+    cells = [
+        "%load_ext nbtrain",
+        f"%%finetune --name graded --no-view\n{lora_yaml(STEPS)}",
+        # the record's watcher thread finishes it while this cell runs (no %finetune wait here)
+        "import time, nbtrain\nnbtrain.get_run('graded').wait(timeout=300)\ntime.sleep(3)",
+        "%finetune record graded",
+        "r = nbtrain.check('graded', final_loss_below=100, min_steps=12, loss_decreased=True, "
+        "adapter_exists=True)\nr.assert_passed()\nr",
+        "nbtrain.check('graded', final_loss_below=1e-6, config={'lora.r': 64}).assert_passed()",
+        "import sys; print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))",
+    ]
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NBTRAIN_HOME", str(work / "home"))
+    mp.setenv("NBTRAIN_RUNS_DIR", str(work / "runs"))
+    try:
+        nb = execute(cells, work, allow_errors=True)
+    finally:
+        mp.undo()
+    path = work / "graded.ipynb"
+    nbformat.write(nb, path)
+    run_dirs = list((work / "runs").iterdir())
+    assert len(run_dirs) == 1
+    return nb, path, run_dirs[0]
+
+
+def test_finetune_cell_saves_a_record_that_reaches_the_final_state(graded: tuple[Any, Path, Path]) -> None:
+    nb, _, run_dir = graded
+    assert error_of(nb.cells[1]) is None and error_of(nb.cells[2]) is None, text_of(nb.cells[1])
+    outs = [o for o in nb.cells[1].outputs if RECORD_MIME in o.get("data", {})]
+    assert len(outs) == 1
+    assert outs[0]["metadata"]["nbtrain"]["record"] == run_dir.name
+    rec = outs[0]["data"][RECORD_MIME]
+    # updated in place by the watcher thread once the run ended, while a later cell was running
+    assert rec["state"] == "completed" and rec["step"] == STEPS
+    assert "completed at step 12/12" in outs[0]["data"]["text/plain"]
+    assert text_of(nb.cells[-1]).strip() == "[]"  # records and checks keep the kernel light
+
+
+def test_records_reads_config_plan_estimate_and_final_metrics_back_from_the_file(
+    graded: tuple[Any, Path, Path],
+) -> None:
+    _, path, run_dir = graded
+    recs = nbtrain.records(path)
+    assert [r["id"] for r in recs] == [run_dir.name]  # the on-demand record replaces the earlier one
+    rec = recs[0]
+    assert rec["cell"] == 3 and rec["name"] == "graded"
+    assert rec["config"]["method"] == "lora" and rec["config"]["train"]["max_steps"] == STEPS
+    assert "max_steps: 12" in rec["config_text"]
+    assert rec["plan"]["device"] == "cpu" and rec["plan"]["strategy"] == "none"
+    assert rec["estimate"]["per_device_bytes"] > 0
+    assert rec["final_metrics"]["step"] == STEPS and rec["logged_records"] >= STEPS
+    assert rec["final_metrics"]["loss"] < rec["first_metrics"]["loss"]
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(rec["output_files"])
+
+
+def test_check_passes_in_the_notebook_and_fails_with_a_readable_table(graded: tuple[Any, Path, Path]) -> None:
+    nb, _, _ = graded
+    assert error_of(nb.cells[4]) is None
+    shown = text_of(nb.cells[4])
+    assert ": 5/5 passed" in shown and "PASS  adapter saved" in shown
+    err = error_of(nb.cells[5])
+    assert err is not None and err[0] == "AssertionError"
+    assert "1/3 passed" in err[1] and "FAIL  final loss" in err[1] and "< 1e-06" in err[1]
+    assert "FAIL  config lora.r" in err[1] and "64" in err[1]
+
+
+def test_check_from_a_saved_record_without_the_run_directory(graded: tuple[Any, Path, Path]) -> None:
+    _, path, _ = graded
+    rec = nbtrain.records(path)[0]
+    report = nbtrain.check(rec, min_steps=STEPS, adapter_exists=True, config={"objective": "sft"},
+                           metrics_below={"loss": 100.0}, metrics_above={"tokens_per_s": 0})  # fmt: skip
+    assert report.passed, report.text()
+    assert "&#10003; pass" in report._repr_html_()
+    failing = nbtrain.check(rec, state="failed", adapter_exists=False, eval_loss_below=1.0)
+    assert [r.check for r in failing.failed] == ["state", "final eval loss", "adapter saved"]
+    assert failing.to_dict()["passed"] is False
+    assert "(none)" in failing.text()  # no eval loss was logged: shown, and a failure
+    with pytest.raises(AssertionError, match="0/3 passed"):
+        failing.assert_passed()

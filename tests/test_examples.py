@@ -1,0 +1,34 @@
+"""The example data is written in the file format its name says, or refused with what would work."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+import nbtrain
+from nbtrain.contract.errors import NbtrainError
+from nbtrain.examples import write_dataset
+
+
+def test_alpaca_to_a_csv_file_is_csv_with_the_alpaca_columns(tmp_path: Path) -> None:
+    out = nbtrain.example_data(tmp_path / "add.csv", fmt="alpaca", n=20)
+    with open(out, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 20 and {"instruction", "output"} <= set(rows[0])
+
+
+def test_a_json_file_holds_one_array_and_jsonl_one_row_per_line(tmp_path: Path) -> None:
+    arr = json.loads(write_dataset(tmp_path / "a.json", "alpaca", n=5).read_text(encoding="utf-8"))
+    lines = write_dataset(tmp_path / "a.ndjson", "alpaca", n=5).read_text(encoding="utf-8").splitlines()
+    assert arr == [json.loads(line) for line in lines]
+
+
+def test_conversations_to_csv_and_unknown_suffixes_are_refused_with_what_works(tmp_path: Path) -> None:
+    with pytest.raises(NbtrainError, match=r"add\.csv: messages rows hold lists .*write \.jsonl"):
+        nbtrain.example_data(tmp_path / "add.csv", fmt="messages", n=20)
+    with pytest.raises(NbtrainError, match=r"\.jsonl, \.ndjson, \.json or \.csv, not '\.txt'"):
+        nbtrain.example_data(tmp_path / "add.txt", fmt="alpaca", n=20)
+    assert not (tmp_path / "add.csv").exists() and not (tmp_path / "add.txt").exists()
