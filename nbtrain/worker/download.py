@@ -155,11 +155,13 @@ def _dataset_files(src: dict[str, Any]) -> tuple[str, str, dict[str, int]]:
     import datasets
     from huggingface_hub import HfApi, HfFileSystem, try_to_load_from_cache
     from huggingface_hub.hf_api import RepoFile
+    from huggingface_hub.hf_file_system import HfFileSystemResolvedRepositoryPath
 
     builder = datasets.load_dataset_builder(src["location"], data_files=src.get("data_files"))
     urls = [str(f) for split in (builder.config.data_files or {}).values() for f in split]
     fs = HfFileSystem()
-    found = [fs.resolve_path(u) for u in urls if u.startswith("hf://datasets/")]
+    resolved = [fs.resolve_path(u) for u in urls if u.startswith("hf://datasets/")]
+    found = [r for r in resolved if isinstance(r, HfFileSystemResolvedRepositoryPath)]
     if not found:
         return src["location"], "main", {}
     repo, revision = found[0].repo_id, str(found[0].revision)
