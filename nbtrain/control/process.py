@@ -30,6 +30,7 @@ import psutil
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import MAX_JSON_BYTES, RunPaths, atomic_write_json, read_json, tail_text
+from nbtrain.control import warm as warm_start
 
 # The children this process started, kept until their exit status is collected (no zombies).
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
@@ -49,6 +50,7 @@ class Launched:
     log: Path | None = None
     log_offset: int = 0  # where this process's output begins in ``log`` (earlier output is kept)
     _proc: subprocess.Popen[bytes] | None = field(default=None, compare=False, repr=False)
+    _warm: warm_start.WarmChild | None = field(default=None, compare=False, repr=False)
 
     @property
     def record(self) -> dict[str, Any]:
@@ -57,10 +59,19 @@ class Launched:
 
     def exit_code(self) -> int | None:
         """The exit status once the process has ended (collecting it), None while it runs."""
+        if self._warm is not None:
+            return self._warm.exit_code()
         return None if self._proc is None else self._proc.poll()
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the process to end; raises subprocess.TimeoutExpired after ``timeout`` seconds."""
+        if self._warm is not None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while (code := self._warm.exit_code()) is None:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(self.argv, timeout or 0)
+                time.sleep(0.02)
+            return code
         if self._proc is None:
             raise ValueError("only the process that started it can wait for it")
         code = self._proc.wait(timeout)
@@ -102,21 +113,34 @@ def start_process(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     pass_fds: tuple[int, ...] = (),
+    replace_env: bool = False,
+    warm: bool = True,
 ) -> LaunchResult:
     """Start ``argv`` in a new session with stdin closed and stdout+stderr appended to ``log``.
 
-    ``env`` overrides entries of this process's environment; ``cwd`` None keeps this one's directory;
-    ``pass_fds`` stay open in the child (every other descriptor is closed).
+    ``env`` overrides entries of this process's environment (``replace_env``: is the whole environment);
+    ``cwd`` None keeps this one's directory; ``pass_fds`` stay open in the child (every other descriptor
+    is closed). A process the warm process serves (control.warm) is forked by it when it can (``warm``),
+    else started cold, with one line in ``log`` saying why.
     """
     reap()
+    full_env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             offset = out.tell()
+            if warm and warm_start.serves(argv):
+                child = warm_start.try_warm(
+                    argv, log_fd=out.fileno(), cwd=cwd, env=full_env, pass_fds=pass_fds
+                )
+                if isinstance(child, warm_start.WarmChild):
+                    return Launched(child.pid, child.pid, list(argv), child.create_time, log, offset,
+                                    _warm=child)  # fmt: skip
+                out.write(f"nbtrain: cold start: {child}\n".encode())
+                out.flush()
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=cwd, env={**os.environ, **(env or {})}, close_fds=True,
-                pass_fds=pass_fds,
+                start_new_session=True, cwd=cwd, env=full_env, close_fds=True, pass_fds=pass_fds,
             )  # fmt: skip
     except OSError as e:
         return LaunchFailed(f"could not start {argv[0]}: {e}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import threading
 from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
@@ -124,6 +125,18 @@ FinetuneMagics.finetune.__doc__ = f"Fine-tune from a notebook.\n\n{_usage()}"
 
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(FinetuneMagics)
+    # The warm process imports the training stack while the user writes the first cell, so that cell's run
+    # starts warm (control.warm; NBTRAIN_WARM=0: not at all). In a thread: the kernel does not wait.
+    threading.Thread(target=_start_warm, name="nbtrain-warm-start", daemon=True).start()
+
+
+def _start_warm() -> None:
+    try:
+        from nbtrain.control import warm
+
+        warm.start()
+    except Exception:  # noqa: BLE001 - the first run starts cold then, and says why in its log
+        pass
 
 
 def unload_ipython_extension(ipython: Any) -> None:

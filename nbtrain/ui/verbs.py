@@ -461,6 +461,24 @@ def _print_repr(result: Any, a: Args) -> int:
     return 0
 
 
+def _warm(a: Args) -> str:
+    from nbtrain.contract.warm import ENV_OFF, enabled
+    from nbtrain.control import warm
+
+    if a.action == "start":
+        return "warm process starting" if warm.start() else "a warm process answers already (or is starting)"
+    if a.action == "stop":
+        return f"stopped {warm.stop()} warm process(es)"
+    rows = warm.status()
+    lines = [] if enabled() else [f"warm start is off ({ENV_OFF}=0): every run starts cold"]
+    for r in rows:
+        lines.append(
+            f"warm process {r['pid']}: {r['rss_bytes'] / 2**20:.0f} MiB held, up {r['uptime_s']:.0f} s, "
+            f"ready after {r['ready_s']} s" + (", serves this kernel" if r["this_kernel"] else "")
+        )
+    return "\n".join(lines or ["no warm process (the next run starts one; `start` starts it now)"])
+
+
 def _tensorboard(a: Args) -> Any:
     from nbtrain.control.tracking import stop_tensorboard, tensorboard
 
@@ -738,6 +756,14 @@ TABLE: tuple[Verb, ...] = (
         _tensorboard,
         _tensorboard_in_notebook,
         _tensorboard_in_terminal,
+    ),
+    Verb(
+        "warm",
+        "The warm process that starts runs in a fraction of a second: status (default), start or stop.",
+        (arg("action", nargs="?", default="status", choices=["status", "start", "stop"]),),
+        _warm,
+        _print_in_notebook,
+        _print,
     ),
     Verb(
         "tiny-model",

@@ -52,13 +52,15 @@ def unused_packages(resolved: dict[str, Any]) -> list[str]:
 def hide_unused_packages(resolved: dict[str, Any]) -> list[str]:
     """Hide what this run does not use (unless ``NBTRAIN_LEAN_IMPORTS=0``); returns what was hidden.
     Must run before torch, transformers or peft are imported: what is already imported stays."""
-    return _hide(unused_packages(resolved))
+    return hide_packages(unused_packages(resolved))
 
 
-def _hide(names: list[str]) -> list[str]:
+def hide_packages(names: list[str]) -> list[str]:
+    """Hide each of ``names`` not imported yet; returns the ones hidden (now or before: a process forked
+    by the warm process, nbtrain.worker.warm, finds them hidden already)."""
     if os.environ.get("NBTRAIN_LEAN_IMPORTS", "1") == "0":
         return []
-    hidden = [name for name in names if name not in sys.modules]
+    hidden = [name for name in names if name not in sys.modules or sys.modules[name] is None]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]  # find_spec -> None, import -> ImportError
     return hidden
@@ -87,7 +89,7 @@ def hide_for_run(run_dir: Path, *, keep: tuple[str, ...] = (), label: str = "nbt
         resolved = read_json(RunPaths(run_dir).resolved)
     except (OSError, ValueError):
         return []  # not a run directory: the caller reports that itself
-    hidden = _hide([n for n in unused_packages(resolved) if n not in keep])
+    hidden = hide_packages([n for n in unused_packages(resolved) if n not in keep])
     if hidden:
         print(f"{label}: not loaded (this run does not use them): {', '.join(hidden)}", flush=True)
     return hidden

@@ -144,7 +144,7 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
     _plan_memory(res, hw, plan)
     plan.launcher = _launcher(plan.strategy, d.launcher, world)
     if plan.strategy != "none":
-        reasons.append(f"launcher {plan.launcher}")
+        reasons.append(f"launcher {plan.launcher} (starts cold: the warm process forks one-process runs)")
     return plan
 
 

@@ -1,0 +1,133 @@
+"""What the kernel (control.warm) and the warm process (worker.warm) agree on: where the warm process
+listens, which environment it can serve, and the bytes of one request.
+
+A warm process has imported the training stack once and forks a child per request that becomes exactly
+what ``python -m MODULE ARGS`` started cold would be. Libraries read part of the environment when they are
+imported (huggingface_hub's cache and endpoint, torch's and OpenMP's settings), so a warm process serves
+only requests whose environment agrees with its own on those variables: ``env_key`` hashes them, with the
+interpreter, and names the socket. Every variable is applied in the child before the requested module
+runs (the plan's CUDA_VISIBLE_DEVICES, the run's lock fd, NBTRAIN_* settings), so what is read after the
+fork is what the cold path would read.
+
+One request on a fresh connection: a 4-byte big-endian length, then that much JSON (``argv``, ``cwd``,
+``env``, ``fds``: the numbers the child must find the passed descriptors under), the descriptors themselves
+(the log first) travelling with the first bytes as SCM_RIGHTS. The reply is one JSON line:
+``{"pid": N}`` (the child leads its own session: pgid == pid) or ``{"cold": "why"}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import struct
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# Read by the preloaded libraries when they are imported (so they must agree with the warm process's), by
+# prefix or by name. Left out: what is read only later, in the child (CUDA_*, PYTORCH_CUDA_ALLOC_CONF,
+# OMP_/MKL_NUM_THREADS at the first parallel operation), and what libraries set for themselves when a
+# process imports them (OPENBLAS_CORETYPE, TORCHINDUCTOR_CACHE_DIR...), which differ between a kernel that
+# imported torch and one that did not.
+_KEY_PREFIXES = (
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "DATASETS_",
+    "TOKENIZERS_",
+    "ACCELERATE_",
+    "PEFT_",
+    "TRL_",
+)
+_KEY_NAMES = (
+    "HOME", "XDG_CACHE_HOME", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONNOUSERSITE",
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "NBTRAIN_LEAN_IMPORTS", "TMPDIR",
+)  # fmt: skip
+MAX_REQUEST = 1 << 20
+MAX_FDS = 8
+ENV_OFF = "NBTRAIN_WARM"  # "0": every process starts cold
+ENV_DIR = "NBTRAIN_WARM_DIR"  # where the sockets live (default: $NBTRAIN_HOME/warm)
+
+
+def enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Warm start is on unless ``NBTRAIN_WARM=0``; ``NBTRAIN_LEAN_IMPORTS=0`` turns it off too (a process
+    that loads every installed package would load bitsandbytes, which queries the GPU: no fork after it)."""
+    env = env if env is not None else os.environ
+    off = ("0", "false", "no")
+    return env.get(ENV_OFF, "1").strip() not in off and env.get("NBTRAIN_LEAN_IMPORTS", "1").strip() != "0"
+
+
+def env_key(env: Mapping[str, str]) -> str:
+    """The interpreter and the import-time environment, hashed: equal keys, interchangeable processes."""
+    picked = {k: v for k, v in env.items() if k in _KEY_NAMES or k.startswith(_KEY_PREFIXES)}
+    blob = json.dumps([sys.executable, sys.version, sorted(picked.items())])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def warm_dir(env: Mapping[str, str] | None = None) -> Path:
+    env = env if env is not None else os.environ
+    if env.get(ENV_DIR):
+        return Path(env[ENV_DIR])
+    home = env.get("NBTRAIN_HOME") or os.path.join(os.path.expanduser("~"), ".nbtrain")
+    return Path(home) / "warm"
+
+
+def socket_path(key: str, env: Mapping[str, str] | None = None) -> Path:
+    return warm_dir(env) / f"{key}.sock"
+
+
+def send_request(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+    data = json.dumps(request).encode()
+    if len(data) > MAX_REQUEST or len(fds) > MAX_FDS:
+        raise ValueError("warm request too large")
+    payload = struct.pack(">I", len(data)) + data
+    socket.send_fds(sock, [payload[:4096]], fds)
+    if len(payload) > 4096:
+        sock.sendall(payload[4096:])
+
+
+def recv_request(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One request and the descriptors that came with it (the caller closes them)."""
+    first, fds, _, _ = socket.recv_fds(sock, 4096, MAX_FDS)
+    try:
+        if len(first) < 4:
+            raise ValueError("short warm request")
+        (n,) = struct.unpack(">I", first[:4])
+        if n > MAX_REQUEST:
+            raise ValueError("warm request too large")
+        data = bytearray(first[4:])
+        while len(data) < n:
+            chunk = sock.recv(min(65536, n - len(data)))
+            if not chunk:
+                raise ValueError("warm request cut short")
+            data += chunk
+        request = json.loads(bytes(data[:n]))
+        if not isinstance(request, dict):
+            raise ValueError("warm request is not an object")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return request, list(fds)
+
+
+def send_reply(sock: socket.socket, reply: dict[str, Any]) -> None:
+    sock.sendall(json.dumps(reply).encode() + b"\n")
+
+
+def recv_reply(sock: socket.socket) -> dict[str, Any]:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("the warm process closed the connection without a reply")
+        data += chunk
+        if len(data) > 65536:
+            raise ValueError("warm reply too large")
+    reply = json.loads(data)
+    if not isinstance(reply, dict):
+        raise ValueError("warm reply is not an object")
+    return reply

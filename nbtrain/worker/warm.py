@@ -1,0 +1,337 @@
+"""The warm process: ``python -m nbtrain.worker.warm``. It imports the training stack once, listens on a
+Unix socket (nbtrain.contract.warm) and forks, per request, a child that becomes exactly what
+``python -m MODULE ARGS`` started cold would be (the training worker, the model server, the export,
+preview and score jobs): its own session and process group, the log as stdout/stderr, stdin from
+/dev/null, the passed descriptors under their numbers, the request's working directory and environment,
+fresh random seeds, the same module run as ``__main__``, and at its end
+what a normal interpreter exit does (non-daemon threads joined, atexit handlers run); its exit status is
+written to the request's ``exit_file`` (the client, not being its parent, cannot collect it).
+
+Safe by construction:
+- no thread exists when it forks: it asserts one thread in /proc/self/task before every fork. numpy's
+  OpenBLAS pool and pyarrow's jemalloc background thread would start at import, so this process sets
+  ``OPENBLAS_NUM_THREADS=1`` and ``JE_ARROW_MALLOC_CONF=background_thread:false`` for itself (numpy's BLAS
+  then runs on one thread in its children; torch's own pools start only at the first operation, in the
+  child, sized by the request's environment);
+- nothing initialises CUDA: torch is imported, never asked about devices (CUDA cannot survive a fork);
+  bitsandbytes and scipy are left out as the lean-import rules leave them out of a typical run (and
+  bitsandbytes queries the GPU when peft imports it), so a child hides what a cold process would, and a
+  run that needs one of them (QLoRA, trust_remote_code) is answered "cold";
+- it serves only its own user (SO_PEERCRED), only requests whose import-time environment matches its own
+  (the socket's name is that key), and only while nbtrain and the training stack are the ones it imported:
+  on a request after either changed on disk it answers "cold" and exits;
+- one per key: a lock file held for its lifetime; it exits after ``NBTRAIN_WARM_IDLE`` seconds (default
+  1800) without a request, or on SIGTERM, removing its socket.
+
+Killing it (even with SIGKILL) leaves the runs it forked running: they lead their own sessions.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import importlib
+import json
+import os
+import random
+import runpy
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from nbtrain.contract import warm as proto
+from nbtrain.contract.rundir import RunPaths, read_json
+from nbtrain.worker.lean import WHY_HIDDEN, hide_packages, unused_packages
+
+# What a typical run imports (the lean rules: no bitsandbytes), and the modelling code of common families.
+PRELOAD = (
+    "torch",
+    "numpy",
+    "safetensors.torch",
+    "tokenizers",
+    "datasets",
+    "transformers",
+    "accelerate",
+    "peft",
+    "trl",
+    "nbtrain.worker.recipes.sft",
+    "nbtrain.worker.recipes.preference",
+    "nbtrain.worker.recipes.grpo",
+    "nbtrain.worker.data",
+    "nbtrain.worker.callbacks",
+)
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3")
+# The modules a child may become: the training worker (one process; launchers stay cold), the model
+# server and the one-off jobs. The eval job keeps scipy (lm-eval's metrics), which this process leaves out.
+SERVES = frozenset({
+    "nbtrain.worker", "nbtrain.worker.serve.server", "nbtrain.worker.serve.generate",
+    "nbtrain.worker.jobs.export", "nbtrain.worker.jobs.preview", "nbtrain.worker.jobs.score",
+})  # fmt: skip
+STACK = ("torch", "transformers", "datasets", "peft", "trl", "accelerate", "numpy")
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def stamp() -> str:
+    """What a change of the code on disk changes: nbtrain's files and the stack's installed versions."""
+    root = Path(__file__).resolve().parents[1]  # the nbtrain package
+    newest = max((p.stat().st_mtime_ns for p in root.rglob("*.py")), default=0)
+    parts = [str(newest)]
+    for name in STACK:
+        mod = sys.modules.get(name)
+        init = getattr(mod, "__file__", None)
+        parts.append(f"{name}:{getattr(mod, '__version__', '')}:{os.stat(init).st_mtime_ns if init else 0}")
+    return "|".join(parts)
+
+
+def preload() -> list[str]:
+    """Import the stack; returns what could not be imported (a partial preload is still a preload)."""
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    os.environ["JE_ARROW_MALLOC_CONF"] = "background_thread:false"
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    hide_packages(list(WHY_HIDDEN))  # as the lean rules leave them out of a typical run
+    failed = []
+    for name in PRELOAD + tuple(f"transformers.models.{f}.modeling_{f}" for f in FAMILIES):
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - a child imports it again and reports it there
+            failed.append(f"{name}: {type(e).__name__}")
+    return failed
+
+
+def refusal(request: dict[str, Any], key: str, started_stamp: str) -> str | None:
+    """Why this request must start cold, or None."""
+    argv = request.get("argv")
+    if not (isinstance(argv, list) and len(argv) >= 3 and all(isinstance(a, str) for a in argv)):
+        return "not an argv list"
+    if argv[0] != sys.executable or argv[1] != "-m":
+        return f"another interpreter ({argv[0]})"
+    if argv[2] not in SERVES:
+        return f"{argv[2]} is not served warm"
+    env = request.get("env")
+    if not isinstance(env, dict) or proto.env_key(env) != key:
+        return "its environment differs from the warm process's where libraries read it at import"
+    if stamp() != started_stamp:
+        return "nbtrain or the training stack changed since the warm process started"
+    # the run it works on (the first argument that is a run directory): what it uses must be here
+    cwd = Path(str(request.get("cwd") or "."))
+    for a in argv[3:]:
+        paths = RunPaths(cwd / a)
+        if not paths.resolved.is_file():
+            continue
+        try:
+            resolved = read_json(paths.resolved)
+        except (OSError, ValueError) as e:
+            return f"its resolved.json is unreadable ({e})"
+        left_out = [n for n in WHY_HIDDEN if sys.modules.get(n, 0) is None]
+        used = [n for n in left_out if n not in unused_packages(resolved)]
+        if used:
+            return f"the run uses {', '.join(used)}, which the warm process leaves out"
+        break
+    return None
+
+
+def _child(
+    request: dict[str, Any], fds: list[int], ready: int, close: list[socket.socket], lock: int
+) -> None:
+    """In the forked child: become the requested process, run it, exit. Never returns."""
+    code: Any = 1
+    try:
+        os.setsid()
+        for s in close:
+            s.close()
+        os.close(lock)  # the warm process's own lock: a child must not keep it after the parent is gone
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # the descriptors: out of the way first, then under the numbers asked for
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1000) for fd in fds]
+        for fd in fds:
+            os.close(fd)
+        log, passed = high[0], high[1:]
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        for fd, number in zip(passed, request.get("fds") or [], strict=False):
+            os.dup2(fd, int(number))
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.path[0] = os.getcwd()
+        random.seed()
+        _reseed()
+        argv = request["argv"]
+        sys.argv = [argv[2], *argv[3:]]
+        os.write(ready, b"1")
+        os.close(ready)
+        try:
+            runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        except BaseException:  # noqa: BLE001 - what an uncaught exception prints cold
+            traceback.print_exc()
+            code = 1
+        with contextlib.suppress(Exception):  # as interpreter exit does: join non-daemon threads
+            threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+    finally:
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):
+            print(code, file=sys.stderr, flush=True)
+            code = 1
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        exit_file = request.get("exit_file")
+        if exit_file:  # the client is not this process's parent: the exit status goes to where it reads
+            with contextlib.suppress(OSError):
+                Path(str(exit_file)).write_text(str(code))
+        os._exit(code)
+
+
+def _reseed() -> None:
+    """Every child starts from fresh entropy, as a cold process does (the Trainer seeds its own)."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+
+
+def handle(conn: socket.socket, srv: socket.socket, key: str, started_stamp: str, lock: int) -> bool:
+    """Serve one connection; False when this process must exit after it (stale)."""
+    conn.settimeout(10)
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    uid = int.from_bytes(creds[4:8], sys.byteorder)
+    if uid != os.getuid():
+        return True  # not this user's: no answer
+    request, fds = proto.recv_request(conn)
+    try:
+        why = refusal(request, key, started_stamp)
+        if why is None and not fds:
+            why = "no log descriptor"
+        if why is None and threads() != 1:
+            why = f"the warm process has {threads()} threads (it forks only with one)"
+        if why is not None:
+            proto.send_reply(conn, {"cold": why})
+            return "changed since" not in why
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            _child(request, fds, w, [conn, srv], lock)
+        os.close(w)
+        ok = os.read(r, 1) == b"1"  # the child leads its session now: pgid == pid
+        os.close(r)
+        proto.send_reply(conn, {"pid": pid} if ok else {"cold": "the forked child did not start"})
+        print(f"nbtrain warm: forked {pid} for {' '.join(request['argv'][2:])}", flush=True)
+        return True
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def bind(path: Path) -> socket.socket:
+    """Listen on ``path`` (mode 0600; created aside and renamed, so a client never sees a dead socket)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        old = os.umask(0o177)
+        try:
+            srv.bind(f"/proc/self/fd/{dfd}/{tmp.name}")  # any length of directory path
+        finally:
+            os.umask(old)
+        os.chmod(tmp, 0o600)
+        srv.listen(16)
+        os.replace(tmp, path)
+    finally:
+        os.close(dfd)
+    return srv
+
+
+def serve(idle: float) -> int:
+    t0 = time.monotonic()
+    key = proto.env_key(os.environ)  # before preload sets its own variables
+    folder = proto.warm_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"nbtrain warm: another warm process serves key {key}", flush=True)
+        return 0
+    failed = preload()
+    started_stamp = stamp()
+    path = proto.socket_path(key)
+    srv = bind(path)
+    me = os.stat(path).st_ino
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are collected by the system: no zombies
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
+    info = {
+        "pid": os.getpid(), "key": key, "socket": str(path), "python": sys.executable,
+        "ready_s": round(time.monotonic() - t0, 2), "not_preloaded": failed, "started": time.time(),
+        "created": _created(),
+    }  # fmt: skip
+    print(f"nbtrain warm: ready in {info['ready_s']} s, {json.dumps(info)}", flush=True)
+    (folder / f"{key}.json").write_text(json.dumps(info))
+    srv.settimeout(idle)
+    served = 0
+    try:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                print(f"nbtrain warm: idle for {idle:.0f} s, exiting", flush=True)
+                return 0
+            with conn:
+                try:
+                    keep = handle(conn, srv, key, started_stamp, lock)
+                    served += 1
+                except Exception:  # noqa: BLE001 - one bad request never ends the service
+                    print(f"nbtrain warm: request failed:\n{traceback.format_exc()}", flush=True)
+                    keep = True
+            if not keep:
+                print("nbtrain warm: nbtrain or the training stack changed, exiting", flush=True)
+                return 0
+    finally:
+        try:
+            if os.stat(path).st_ino == me:
+                path.unlink()
+                (folder / f"{key}.json").unlink(missing_ok=True)
+        except OSError:
+            pass
+        srv.close()
+
+
+def _created() -> float:
+    """This process's start time as psutil tells it (the identity check of ``%finetune warm status``)."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/stat") as f:
+        boot = next(float(line.split()[1]) for line in f if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> int:
+    idle = float(os.environ.get("NBTRAIN_WARM_IDLE", "1800"))
+    return serve(idle)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
