@@ -7,7 +7,9 @@ resolves to), batch 8, lr 1e-3, max length 1024, loss on every token, gradient c
 default), logging every step. The three run in turn with the order rotated each repeat, so a slow
 moment of this shared machine hits all three; the table reports medians.
 
-- nbtrain: ``nbtrain.finetune()`` (a detached worker), timed from the call -- what a cell costs.
+- nbtrain: ``nbtrain.finetune()`` (a detached worker), timed from the call -- what a cell costs; cold
+  (``NBTRAIN_WARM=0``: a new Python process imports the stack) and warm (forked by the warm process,
+  nbtrain.worker.warm, started once before the repeats, as ``%load_ext nbtrain`` starts it).
 - bare TRL: bench_overhead's script, the same arguments nbtrain resolved.
 - LLaMA-Factory: ``llamafactory-cli train cfg.yaml`` in its own venv (bench/setup_llamafactory.sh);
   its first step is when trainer_log.jsonl gets its first line. It pins older libraries
@@ -44,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "llamafactory.json"
 LF_VENV = ROOT / "bench" / ".venv-llamafactory"
 LF_CLI = LF_VENV / "bin" / "llamafactory-cli"
-SYSTEMS = ("nbtrain", "bare_trl", "llamafactory")
+SYSTEMS = ("nbtrain_warm", "nbtrain", "bare_trl", "llamafactory")
 
 # The real worker (python -m nbtrain.worker RUN_DIR), run in-process with timers around its phases. The
 # timers wrap the real methods and call them unchanged.
@@ -229,11 +231,17 @@ def main() -> int:
 
     res["versions"]["nbtrain_venv"] = {p: md.version(p) for p in ("torch", "transformers", "trl", "peft",
                                                                   "accelerate", "datasets")}  # fmt: skip
+    from nbtrain.control import warm
+
     with tempfile.TemporaryDirectory(prefix="nbtrain-bench-lf-") as d:
         work = Path(d)
         os.environ["NBTRAIN_HOME"] = str(work / "home")
         os.environ["NBTRAIN_RUNS_DIR"] = str(work / "runs")
         os.chdir(work)
+        warm.start()
+        while not [w for w in warm.status() if w["this_kernel"]]:
+            time.sleep(0.2)
+        res["warm_process"] = warm.status()[0]
         data = write_dataset(work / "data.jsonl", n=400)
         builders: dict[str, dict[str, int]] = {"tiny": {}, "40M": {"hidden_size": 512, "num_layers": 12}}
         for label in args.models.split(","):
@@ -259,10 +267,13 @@ def main() -> int:
             lf = lf_files(work, model, data, label, args.steps, cfg)
             samples: dict[str, list[dict[str, float]]] = {s: [] for s in SYSTEMS}
             for i in range(args.repeats):
-                order = SYSTEMS[i % 3 :] + SYSTEMS[: i % 3]
+                order = SYSTEMS[i % len(SYSTEMS) :] + SYSTEMS[: i % len(SYSTEMS)]
                 for system in order:
-                    if system == "nbtrain":
-                        r = run_nbtrain(config, work, f"{label}-{i}")
+                    if system.startswith("nbtrain"):
+                        os.environ["NBTRAIN_WARM"] = "1" if system == "nbtrain_warm" else "0"
+                        r = run_nbtrain(config, work, f"{label}-{system}-{i}")
+                        log = next((work / "runs").glob(f"*{label}-{system}-{i}*/logs/rank0.log")).read_text()
+                        assert ("cold start" in log) == (system == "nbtrain"), log[:400]
                     elif system == "bare_trl":
                         r = run_bare(resolved, work)
                     else:
@@ -272,8 +283,11 @@ def main() -> int:
                           f"peak RSS {r['peak_rss'] / 2**20:.0f} MiB", flush=True)  # fmt: skip
             med = {s: {k: statistics.median(x[k] for x in v) for k in v[0]} for s, v in samples.items()}
             nb, lfm, bare = med["nbtrain"], med["llamafactory"], med["bare_trl"]
+            nbw = med["nbtrain_warm"]
             res[label] = {
                 "median": med,
+                "warm_first_step_ratio_vs_llamafactory": nbw["first_step_s"] / lfm["first_step_s"],
+                "warm_first_step_ratio_vs_cold": nbw["first_step_s"] / nb["first_step_s"],
                 "first_step_ratio_vs_llamafactory": nb["first_step_s"] / lfm["first_step_s"],
                 "first_step_ratio_vs_bare_trl": nb["first_step_s"] / bare["first_step_s"],
                 "peak_rss_ratio_vs_llamafactory": nb["peak_rss"] / lfm["peak_rss"],
@@ -282,20 +296,22 @@ def main() -> int:
                 "samples": samples,
                 "llamafactory_config": (lf / "cfg.yaml").read_text(),
             }  # fmt: skip
+        warm.stop()
     res["loadavg_end"] = os.getloadavg()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(res, indent=1) + "\n")
 
     print(
-        "| model | first step s: nbtrain / bare TRL / LLaMA-Factory | nbtrain / LLaMA-Factory "
-        "(target <= 0.90) | peak RSS MiB: nbtrain / bare TRL / LLaMA-Factory |"
+        "| model | first step s: nbtrain warm / cold / bare TRL / LLaMA-Factory | warm / LLaMA-Factory "
+        "(target <= 0.30) | cold / LLaMA-Factory | peak RSS MiB: warm / cold / bare TRL / LLaMA-Factory |"
     )
-    print("|---|---|---|---|")
+    print("|---|---|---|---|---|")
     for label in args.models.split(","):
         r = res[label]
         m = r["median"]
-        print(f"| {label} | {m['nbtrain']['first_step_s']:.1f} / {m['bare_trl']['first_step_s']:.1f} / "
-              f"{m['llamafactory']['first_step_s']:.1f} | {r['first_step_ratio_vs_llamafactory']:.2f} | "
+        ratios = " | ".join(f"{r[k]:.2f}" for k in ("warm_first_step_ratio_vs_llamafactory",
+                                                     "first_step_ratio_vs_llamafactory"))  # fmt: skip
+        print(f"| {label} | " + " / ".join(f"{m[s]['first_step_s']:.1f}" for s in SYSTEMS) + f" | {ratios} | "
               + " / ".join(f"{m[s]['peak_rss'] / 2**20:.0f}" for s in SYSTEMS) + " |")  # fmt: skip
         print("  where nbtrain's time goes: "
               + ", ".join(f"{k} {v:.2f} s" for k, v in r["nbtrain_phases_s"].items()))  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,28 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("NBTRAIN_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.chdir(tmp_path)
     return home
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The suite's training processes start warm: one warm process folder for the whole session (each
+    test has its own NBTRAIN_HOME), a warm process started now, idle ones gone after 5 minutes, all
+    stopped at the end. Tests of the cold path set NBTRAIN_WARM=0 (tests/control/test_warm.py checks both)."""
+    from nbtrain.contract.warm import ENV_DIR
+    from nbtrain.control import warm
+
+    folder = tmp_path_factory.mktemp("warm")
+    saved = {k: os.environ.get(k) for k in (ENV_DIR, "NBTRAIN_WARM_IDLE")}
+    os.environ[ENV_DIR] = str(folder)
+    os.environ["NBTRAIN_WARM_IDLE"] = "300"
+    warm.start()
+    yield folder
+    warm.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="session")
