@@ -236,17 +236,21 @@ class Dashboard:
             self._sync_unseen(fig)
 
     def _sync_unseen(self, fig: go.FigureWidget | None, *, force: bool = False) -> None:
-        """Keep the figure's initial state current while no browser view shows it.
+        """Keep the figure's widget state current, not only its views.
 
         Plotly sends trace updates as messages to the views that exist; a view created later (the
-        frontend is still loading the widget code, a slow machine, a notebook reopened) draws the state
-        the widget had when it was made, so it would stay empty. Until the frontend reports a view
-        (``_view_count``), the full state is re-sent at most once a second instead.
+        frontend is still loading the widget code, a slow machine, a notebook reopened) draws the widget
+        *state*, which is what the figure was made with, and that state is also what JupyterLab saves with
+        the notebook and restores on reopening. So the full state is re-sent: at most once a second until
+        the frontend reports a view (``_view_count``), then every ``static_interval`` seconds (plotly's
+        views ignore a change of that state: nothing is redrawn), so a notebook saved mid-run reopens with
+        a figure as recent as its static snapshot.
         """
-        if fig is None or getattr(fig, "_view_count", None):
+        if fig is None:
             return
         now = time.monotonic()
-        if force or now - self._unseen_sync_at >= 1.0:
+        every = self.static_interval if getattr(fig, "_view_count", None) else 1.0
+        if force or now - self._unseen_sync_at >= every:
             fig._widget_layout = copy.deepcopy(fig._layout_obj._props)
             fig._widget_data = copy.deepcopy(fig._data)
             self._unseen_sync_at = now

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
@@ -25,7 +27,9 @@ pytestmark = pytest.mark.browser
 DOCS = ROOT / "docs" / "screenshots"
 STEPS = 80
 # What the frame says before the first step, whichever moment the browser first draws it.
-PHASES = re.compile(r"queued|starting the training process|loading model|waiting for the first logged step")
+PHASES = re.compile(
+    r"queued|starting the training process|loading model|tokenising|waiting for the first logged step"
+)
 CELL = "%%finetune --name tiny-lora\n" + lora_yaml(STEPS).replace(
     "  logging_steps: 1", "  logging_steps: 1\n  save_steps: 100000"
 )
@@ -38,6 +42,19 @@ PLOTS_JS = """els => els.filter(gd => gd._fullLayout).map(gd => {
             xtitles: titles(/^x\\d*title$/), ytitles: titles(/^y\\d*title$/),
             title: (gd.querySelector('.gtitle') || {}).textContent || ''};
 })"""
+
+
+# How many output children of a cell show a drawn Plotly figure (displayed, its SVG with a height).
+SHOWN_FIGURES_JS = """els => els.filter(c => c.offsetHeight > 0
+    && [...c.querySelectorAll('.js-plotly-plot .main-svg')].some(s => s.getBoundingClientRect().height > 0))
+    .length"""
+
+
+def expect_soon(check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.25)
 
 
 def test_dashboard_mid_run_and_completed(
@@ -91,6 +108,34 @@ def test_dashboard_mid_run_and_completed(
         assert "running" in live[0]["title"], live  # still the live widget
         dashboard.scroll_into_view_if_needed()
         dashboard.screenshot(path=str(shots / "dashboard-live.png"))
+
+        # Saved now, mid-run, and opened where the run's kernel is not (a fresh kernel, without its widget
+        # models): the snapshot shows, not "Error displaying widget: model not found".
+        page.keyboard.press("Control+s")
+        saved, deadline = workdir / "shots.ipynb", time.monotonic() + 30
+        while "application/vnd.plotly.v1+json" not in saved.read_text():
+            assert time.monotonic() < deadline, "the notebook was not saved"
+            time.sleep(0.2)
+        shutil.copyfile(saved, workdir / "reopened.ipynb")
+        other = browser.new_page(viewport={"width": 1200, "height": 1100})
+        other.on("pageerror", lambda e: errors.append(str(e)))
+        other.goto(f"{url}/lab/tree/reopened.ipynb?token={token}")
+        # the workspace opens shots.ipynb too, in a hidden tab: the cells of the notebook in view
+        shown_nb = other.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
+        reopened = shown_nb.nth(1).locator(".jp-Cell-outputWrapper")
+        # one figure shows: the snapshot, or the widget restored from the widget state JupyterLab saved with
+        # the notebook (as recent as the snapshot), never both, never the widget's error
+        children = reopened.locator(".jp-OutputArea-child")
+        _kernel_idle(url, token)  # its own kernel now: the widget manager has looked for the models
+        try:  # (it draws the restored widget once the kernel is connected)
+            expect_soon(lambda: children.evaluate_all(SHOWN_FIGURES_JS) == 1, 60)
+        except AssertionError:
+            other.screenshot(path=str(shots / "reopened-not-one-figure.png"))
+            raise
+        shown = reopened.inner_text()
+        other.screenshot(path=str(shots / "reopened-mid-run.png"))
+        assert "model not found" not in shown and "Error displaying" not in shown, shown
+        other.close()
 
         done_title = output.locator(".js-plotly-plot .gtitle", has_text="completed")
         expect(done_title).to_have_count(1, timeout=180_000)

@@ -75,6 +75,13 @@ class RunContext:
         return bool(self.resolved.get("probe"))
 
 
+def starting_phase(run: RunContext, phase: str) -> None:
+    """What the run does before its first step, in status.json while it is ``starting`` (rank 0 writes
+    status; the first ``running`` status drops the phase)."""
+    if int(os.environ.get("RANK", "0")) == 0 and not run.stop.requested:
+        write_status(run.paths, "starting", phase=phase)
+
+
 def seed(run: RunContext) -> None:
     from transformers import set_seed
 
@@ -231,6 +238,10 @@ class Recipe:
         """The objective's trainer on the model, the args and the rows, with the run-directory callback
         (``run_callback``); ``objective``: the trainer's own keywords (peft_config, reward_funcs, ...)."""
         self.callback = run_callback(self.run)
+        from nbtrain.worker.data import is_streaming
+
+        if not is_streaming(ready.train):  # the trainer tokenises the rows as it is built
+            starting_phase(self.run, f"tokenising {len(ready.train):,} rows")
         self.trainer = trainer_class(
             model=model,
             args=ready.args,
