@@ -43,7 +43,9 @@ def test_a_process_printing_100_mib_never_blocks_and_its_log_stays_capped(tmp_pa
     rotations = int(log.read_text().split("rotations")[-1])
     assert rotations >= 3
     total = sum(p.stat().st_size for p in paths.logs.iterdir())
-    assert total < 40 * 2**20, total  # at most the file and one rotated file, not 100 MiB
+    # the file and one rotated file, each 8 MiB plus what the writer adds between two checks (50 ms apart,
+    # more on a busy machine): far from the 100 MiB written
+    assert total < 60 * 2**20, total
     assert elapsed < 120
 
 
