@@ -83,9 +83,13 @@ def test_the_estimate_of_a_hub_id_equals_that_of_the_same_model_as_a_directory(
 ) -> None:
     local, local_table = estimate_table(lora_config("./tiny-llama"))
     remote, remote_table = estimate_table(lora_config("org/tiny"))
-    assert remote.plan.estimate is not None
-    assert remote.plan.estimate == local.plan.estimate
-    assert remote_table == local_table and remote_table
+    assert remote.plan.estimate is not None and local.plan.estimate is not None
+
+    def of_the_model(d: dict) -> dict:  # not what the machine had free at that moment (it moves)
+        return {k: v for k, v in d.items() if k not in ("usable_bytes", "reason", "why")}
+
+    assert of_the_model(remote.plan.estimate) == of_the_model(local.plan.estimate)
+    assert [of_the_model(r) for r in remote_table] == [of_the_model(r) for r in local_table] and remote_table
     assert remote.resolved.model_kind == "hub"
 
 

@@ -72,9 +72,14 @@ def test_checkpoint_now_saves_without_stopping(workdir: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "distributed", ["", "distributed:\n  strategy: ddp\n"], ids=["1-process", "ddp-2-ranks"]
+    ("distributed", "warm"),
+    [("", "1"), ("", "0"), ("distributed:\n  strategy: ddp\n", "1")],
+    ids=["1-process-warm", "1-process-cold", "ddp-2-ranks"],  # launchers always start cold
 )
-def test_stop_then_resume_ends_like_an_uninterrupted_run(workdir: Path, distributed: str) -> None:
+def test_stop_then_resume_ends_like_an_uninterrupted_run(
+    workdir: Path, distributed: str, warm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NBTRAIN_WARM", warm)
     n = 150
     straight = nbtrain.finetune(config(n, extra=distributed), name="straight")
     straight.wait(timeout=300)
@@ -88,6 +93,8 @@ def test_stop_then_resume_ends_like_an_uninterrupted_run(workdir: Path, distribu
     final = resumed.wait(timeout=300)
     assert final.state == "completed" and final.step == n
     assert "resuming from" in resumed.logs(400)
+    if warm == "0":
+        assert "cold start: NBTRAIN_WARM=0" in resumed.logs(400)
     assert steps_logged(resumed) == list(range(1, n + 1))  # continuous: no step twice
     assert_same_adapter(straight, resumed)
     assert resumed.resolved["resume"]["step"] == k
