@@ -59,6 +59,14 @@ def _llamafactory(d: dict[str, Any]) -> list[tuple[str, str, str]]:
             + ", ".join(f"{k} {v:.1f} s" for k, v in phases),
             "<= 0.90x",
         ))  # fmt: skip
+        if "warm_first_step_ratio_vs_llamafactory" in r:
+            warm, lf, cold = (m[s]["first_step_s"] for s in ("nbtrain_warm", "llamafactory", "nbtrain"))
+            rows.append((
+                f"time to first step, nbtrain warm start / LLaMA-Factory ({label})",
+                f"{_x(r['warm_first_step_ratio_vs_llamafactory'])} ({warm:.1f} s vs {lf:.1f} s; cold "
+                f"{cold:.1f} s, warm / cold {_x(r['warm_first_step_ratio_vs_cold'])})",
+                "<= 0.30x",
+            ))  # fmt: skip
     return rows
 
 
