@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "01_qlora_single_card.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "01_qlora_single_card.ipynb"
 
 
 def main(argv: list[str] | None = None) -> int:
