@@ -33,7 +33,6 @@ from nbtrain.control.grading import finalize_records, record, run_record
 from nbtrain.control.runs.follow import follow
 from nbtrain.control.runs.metrics import MetricsTail
 from nbtrain.control.runs.run import Run, get_run
-from nbtrain.ui.estimate_chart import EstimateReport, estimate
 from nbtrain.ui.run import handle
 from nbtrain.ui.text import compare_table, progress_line, runs_table, status_text
 
@@ -215,6 +214,19 @@ RUN_OPTIONS: tuple[Arg, ...] = (
 )
 
 
+def estimate(config: Any) -> Any:
+    """nbtrain.ui.estimate_chart.estimate, imported when first asked for: it draws with plotly, which
+    ``%load_ext nbtrain`` does not load."""
+    from nbtrain.ui.estimate_chart import estimate as draw
+
+    return draw(config)
+
+
+def _is_estimate(result: Any) -> bool:
+    chart = sys.modules.get("nbtrain.ui.estimate_chart")  # not imported: nothing can be one of its reports
+    return chart is not None and isinstance(result, chart.EstimateReport)
+
+
 def _call_run(a: Args) -> Any:
     if a.estimate:
         return estimate(a.config)
@@ -234,7 +246,7 @@ def _show_estimate(report: Any) -> None:
 
 
 def _run_in_notebook(result: Any, a: Args) -> Any:
-    if isinstance(result, EstimateReport):
+    if _is_estimate(result):
         return _show_estimate(result)
     if isinstance(result, api.ProbeReport):
         return result
@@ -265,7 +277,7 @@ def _show_dry_run(prep: planning.Prepared) -> None:
 
 
 def _run_in_terminal(result: Any, a: Args) -> int:
-    if isinstance(result, (EstimateReport, api.ProbeReport)):
+    if _is_estimate(result) or isinstance(result, api.ProbeReport):
         print(result.text())
         return 0
     if isinstance(result, planning.Prepared):
