@@ -17,7 +17,6 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from nbtrain.contract.errors import NbtrainError
-from nbtrain.control.grading import close_records
 from nbtrain.ui.verbs import (
     RUN_OPTIONS,
     VERBS,
@@ -141,4 +140,6 @@ def _start_warm() -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     close_views()
+    from nbtrain.control.grading import close_records
+
     close_records()

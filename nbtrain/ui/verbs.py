@@ -27,17 +27,30 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.contract.errors import NbtrainError
-from nbtrain.control import prepare as planning
-from nbtrain.control import start as api
-from nbtrain.control.grading import finalize_records, record, run_record
-from nbtrain.control.runs.follow import follow
-from nbtrain.control.runs.metrics import MetricsTail
-from nbtrain.control.runs.run import Run, get_run
-from nbtrain.ui.run import handle
-from nbtrain.ui.text import compare_table, progress_line, runs_table, status_text
+from nbtrain.ui.lazy import lazy_module
 
 if TYPE_CHECKING:
+    from nbtrain.control import grading
+    from nbtrain.control import prepare as planning
+    from nbtrain.control import start as api
+    from nbtrain.control.runs import follow as following
+    from nbtrain.control.runs import metrics as metrics_tail
+    from nbtrain.control.runs import run as run_core
+    from nbtrain.control.runs.run import Run
+    from nbtrain.ui import run as run_api
+    from nbtrain.ui import text as ui_text
     from nbtrain.ui.dashboard import Dashboard
+else:
+    # Imported on first use, not by `%load_ext nbtrain` (< 0.3 s): the config schema, presets and
+    # planner (pydantic, YAML) and the metrics reader (numpy) are most of the verb table's import time.
+    planning = lazy_module("nbtrain.control.prepare")
+    api = lazy_module("nbtrain.control.start")
+    grading = lazy_module("nbtrain.control.grading")
+    metrics_tail = lazy_module("nbtrain.control.runs.metrics")
+    following = lazy_module("nbtrain.control.runs.follow")
+    run_core = lazy_module("nbtrain.control.runs.run")
+    run_api = lazy_module("nbtrain.ui.run")
+    ui_text = lazy_module("nbtrain.ui.text")
 
 Args = argparse.Namespace
 
@@ -161,7 +174,7 @@ def wait_in_notebook(run: Run, timeout: float | None) -> None:
     st = (shown or _dashboard(run)).follow(timeout)
     if shown is not None:
         print(f"run {run.id}: {st.describe()}")
-    finalize_records(run)  # the run record in the cell that started it: final metrics, now
+    grading.finalize_records(run)  # the run record in the cell that started it: final metrics, now
     if st.state == "failed":
         raise NbtrainError(run.failure_report(st))
 
@@ -169,14 +182,14 @@ def wait_in_notebook(run: Run, timeout: float | None) -> None:
 def follow_in_terminal(run: Run, timeout: float | None, *, quiet: bool = False) -> int:
     """Print a progress line whenever it changes until the run ends; exit code 0 for completed, 1 for
     failed or stopped, 3 when ``timeout`` passes first (the run goes on)."""
-    tail = MetricsTail(run)
+    tail = metrics_tail.MetricsTail(run)
     printed = ""
 
     def tick() -> Any:
         nonlocal printed
         tail.poll(max_bytes=1 << 20)
         st = run.status()
-        line = progress_line(run, st, tail.last.get("loss"))
+        line = ui_text.progress_line(run, st, tail.last.get("loss"))
         # while catching up with a long run's metrics the loss shown would be an old one: wait for it
         if tail.caught_up and not quiet and line != printed:
             print(line, flush=True)
@@ -184,12 +197,12 @@ def follow_in_terminal(run: Run, timeout: float | None, *, quiet: bool = False) 
         return st
 
     try:
-        st = follow(tick, timeout=timeout, interval=1.0, behind=lambda: not tail.caught_up,
+        st = following.follow(tick, timeout=timeout, interval=1.0, behind=lambda: not tail.caught_up,
                     what=f"run {run.id}")  # fmt: skip
     except TimeoutError:
         print(f"timed out after {timeout} s; the run goes on", file=sys.stderr)
         return 3
-    print(status_text(run, st))
+    print(ui_text.status_text(run, st))
     return 0 if st.state == "completed" else 1
 
 
@@ -233,7 +246,7 @@ def _call_run(a: Args) -> Any:
     if a.probe:
         return api.probe(a.config, name=a.name)
     prep = planning.prepare(a.config, name=a.name)
-    return prep if a.dry_run else handle(api.start(prep))
+    return prep if a.dry_run else run_api.handle(api.start(prep))
 
 
 def _show_estimate(report: Any) -> None:
@@ -262,7 +275,7 @@ def _run_in_notebook(result: Any, a: Args) -> Any:
     finally:
         # below the view, and also for a failed run: the notebook keeps the run's record (config,
         # plan, estimate; final metrics once it ends), its evidence for a course
-        record(run)
+        grading.record(run)
     return run
 
 
@@ -297,12 +310,12 @@ def _list_in_terminal(df: Any, a: Args) -> int:
 
 
 def _stop(a: Args) -> str:
-    run = get_run(a.run)
+    run = run_core.get_run(a.run)
     return f"run {run.id}: {run.stop(timeout=a.timeout).describe()}"
 
 
 def _checkpoint(a: Args) -> str:
-    run = get_run(a.run)
+    run = run_core.get_run(a.run)
     run.checkpoint()
     return f"run {run.id}: checkpoint requested; it is saved after the current step"
 
@@ -333,7 +346,8 @@ def _launch_function(a: Args) -> Run:
     ns = ip.user_ns if ip is not None else {}
     if a.function not in ns:
         raise NbtrainError(f"no function named {a.function!r} in this notebook; define it in a cell first")
-    return handle(launch_function(ns[a.function], num_processes=a.n, name=a.name, fallback=a.fallback))
+    run = launch_function(ns[a.function], num_processes=a.n, name=a.name, fallback=a.fallback)
+    return run_api.handle(run)
 
 
 def _launched_in_notebook(run: Run, a: Args) -> Run:
@@ -349,7 +363,7 @@ def _compare_in_notebook(runs: list[Run], a: Args) -> Any:
 
 
 def _compare_in_terminal(runs: list[Run], a: Args) -> int:
-    print(compare_table(runs, a.key).to_string(index=False))
+    print(ui_text.compare_table(runs, a.key).to_string(index=False))
     return 0
 
 
@@ -360,7 +374,7 @@ def _panel(a: Args) -> Any:
 
 
 def _record_in_terminal(run: Run, a: Args) -> int:
-    print(json.dumps(run_record(run), indent=2, default=str))
+    print(json.dumps(grading.run_record(run), indent=2, default=str))
     return 0
 
 
@@ -393,7 +407,7 @@ def _serve_in_notebook(result: Any, a: Args) -> None:
     if a.stop:
         print("\n".join(result) if result else "no server started from this kernel is running")
         return
-    run_id = get_run(a.run).id
+    run_id = run_core.get_run(a.run).id
     # Not the key itself: a saved notebook keeps its cells' output on disk.
     key = f'nbtrain.get_run({run_id!r}).serve().api_key, or "api_key" in {result.run_dir / "serve.json"}'
     print(f"{_served_line(result, key)}; stop with %finetune serve --stop {run_id})")
@@ -412,7 +426,7 @@ def _serve_in_terminal(result: Any, a: Args) -> int:
         print("\n".join(result) if result else "no server started from this process is running; "
               "name its run: nbtrain serve --stop RUN")  # fmt: skip
         return 0
-    run_id = get_run(a.run).id
+    run_id = run_core.get_run(a.run).id
     key = result.api_key or "none"
     if result.reused:  # another process's server: it is that process's to stop
         print(f"{_served_line(result, key)}; stop with nbtrain serve --stop {run_id})", flush=True)
@@ -494,7 +508,7 @@ def _warm(a: Args) -> str:
 def _tensorboard(a: Args) -> Any:
     from nbtrain.control.tracking import stop_tensorboard, tensorboard
 
-    run = get_run(a.run)
+    run = run_core.get_run(a.run)
     if a.stop:
         return f"run {run.id}: TensorBoard {'stopped' if stop_tensorboard(run.dir) else 'was not running'}"
     return tensorboard(run.dir)
@@ -533,7 +547,7 @@ TABLE: tuple[Verb, ...] = (
         "list",
         "List runs (a DataFrame in a notebook, a table in a terminal).",
         (),
-        lambda a: runs_table(api.runs()),
+        lambda a: ui_text.runs_table(api.runs()),
         _returned,
         _list_in_terminal,
         aliases=("ls",),
@@ -542,7 +556,7 @@ TABLE: tuple[Verb, ...] = (
         "status",
         "A run's state, and its error if it failed.",
         (_run_arg(),),
-        lambda a: status_text(get_run(a.run)),
+        lambda a: ui_text.status_text(run_core.get_run(a.run)),
         _print_in_notebook,
         _print,
     ),
@@ -550,7 +564,7 @@ TABLE: tuple[Verb, ...] = (
         "logs",
         "The last lines of a run's log.",
         (_run_arg(), arg("-n", type=int, default=40, help="number of lines (default 40)")),
-        lambda a: get_run(a.run).logs(a.n),
+        lambda a: run_core.get_run(a.run).logs(a.n),
         _print_in_notebook,
         _print,
     ),
@@ -585,7 +599,7 @@ TABLE: tuple[Verb, ...] = (
                 help="do not show the live view (terminal: no progress lines while --wait follows)",
             ),
         ),
-        lambda a: handle(api.resume(a.run)),
+        lambda a: run_api.handle(api.resume(a.run)),
         _resume_in_notebook,
         _resume_in_terminal,
     ),
@@ -601,7 +615,7 @@ TABLE: tuple[Verb, ...] = (
                 help="terminal: seconds to follow before giving up (the run goes on)",
             ),
         ),
-        lambda a: get_run(a.run),
+        lambda a: run_core.get_run(a.run),
         _attach_in_notebook,
         lambda run, a: follow_in_terminal(run, a.timeout),
     ),
@@ -617,7 +631,7 @@ TABLE: tuple[Verb, ...] = (
                 help="seconds to wait before giving up (the run goes on)",
             ),
         ),
-        lambda a: get_run(a.run),
+        lambda a: run_core.get_run(a.run),
         lambda run, a: wait_in_notebook(run, a.timeout),
         lambda run, a: follow_in_terminal(run, a.timeout, quiet=True),
     ),
@@ -646,7 +660,7 @@ TABLE: tuple[Verb, ...] = (
             arg("runs", nargs="+", help="two or more runs"),
             arg("--key", default="loss", help="the metric to compare (default loss)"),
         ),
-        lambda a: [get_run(r) for r in a.runs],
+        lambda a: [run_core.get_run(r) for r in a.runs],
         _compare_in_notebook,
         _compare_in_terminal,
     ),
@@ -681,8 +695,8 @@ TABLE: tuple[Verb, ...] = (
         "record",
         "Save a run's record (config, plan, metrics) in this notebook; JSON in a terminal.",
         (_run_arg(),),
-        lambda a: get_run(a.run),
-        lambda run, a: record(run),
+        lambda a: run_core.get_run(a.run),
+        lambda run, a: grading.record(run),
         _record_in_terminal,
     ),
     Verb(

@@ -18,9 +18,15 @@ HEAVY = f"import sys; print(sorted(m for m in {_HEAVY_MODULES} if m in sys.modul
 
 
 def test_load_ext_imports_no_torch_or_bitsandbytes(workdir: Path) -> None:
-    nb = execute(["%load_ext nbtrain", HEAVY, "import sys; print('plotly' in sys.modules)"], workdir)
+    # Nor the charts' library, the config schema's (pydantic, YAML) or the metrics reader's (numpy): they
+    # load with the first chart or verb, which keeps the extension's load under 0.3 s (19 ms measured).
+    later = "('plotly', 'pydantic', 'yaml', 'numpy')"
+    nb = execute(
+        ["%load_ext nbtrain", HEAVY, f"import sys; print(sorted(m for m in {later} if m in sys.modules))"],
+        workdir,
+    )
     assert text_of(nb.cells[1]).strip() == "[]"
-    assert text_of(nb.cells[2]).strip() == "False"  # the charts' library loads with the first chart
+    assert text_of(nb.cells[2]).strip() == "[]"
 
 
 def test_bad_input_fails_the_cell_with_one_usage_error_and_starts_nothing(workdir: Path) -> None:
