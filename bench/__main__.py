@@ -28,7 +28,9 @@ def _overhead(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     load = (
         f"{k['load_ext_s_median'] * 1e3:.0f} ms, {k['modules_imported']} modules, heavy: {k['heavy_modules']}"
     )
-    rows = [("`%load_ext nbtrain`", load, "no torch/transformers in the kernel")]
+    if "kernel_date" in d:  # re-measured on its own (bench_overhead.py --kernel-only)
+        load += f" (measured {d['kernel_date'][:10]})"
+    rows = [("`%load_ext nbtrain`", load, "< 300 ms, no torch/transformers in the kernel")]
     for label in ("tiny", "40M"):
         if label in d:
             r = d[label]
@@ -125,14 +127,22 @@ def _gpu(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _warm_jobs(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    text = "; ".join(f"{job} {r['warm_s']:.2f} s vs {r['cold_s']:.1f} s ({_x(r['warm_over_cold'])})"
+                     for job, r in d["jobs"].items())  # fmt: skip
+    return [(f"job start, warm vs cold ({d['model']} model, call to result)", text, "")]
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str]]]] = {
     "overhead": _overhead, "llamafactory": _llamafactory, "latency": _latency, "estimator": _estimator,
     "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu,
+    "warm_jobs": _warm_jobs,
 }  # fmt: skip
 
 
 def table(results: Path = RESULTS) -> str:
-    """One Markdown table of every results/*.json, each row with the date its file was written."""
+    """One Markdown table of every results/*.json, each row with the date it was measured (its ``date``;
+    a file without one: when it was last written, which a fresh checkout sets to the checkout's time)."""
     lines = ["| benchmark | measured | target | file, date |", "|---|---|---|---|"]
     for path in sorted(results.glob("*.json")):
         date = time.strftime("%Y-%m-%d", time.gmtime(path.stat().st_mtime))

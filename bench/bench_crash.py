@@ -44,7 +44,9 @@ def main() -> int:
         "seconds": round(time.monotonic() - t0, 1),
     }
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / "crash.json").write_text(json.dumps(result, indent=1) + "\n")
+    (ROOT / "bench" / "results" / "crash.json").write_text(
+        json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **result}, indent=1) + "\n"
+    )
     print("| trials | kill -9 -> resume ok | graceful stop -> resume ok |")
     print("|---|---|---|")
     print(

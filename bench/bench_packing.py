@@ -162,7 +162,9 @@ def main() -> int:
     }
     out = ROOT / "bench" / "results" / "packing.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    out.write_text(
+        json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **results}, indent=1) + "\n"
+    )
     print("| arm | non-padding tokens/s | tokens per CPU-s | tokens/step | s/step |")
     print("|---|---|---|---|---|")
     for arm in arms:

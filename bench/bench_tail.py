@@ -160,7 +160,10 @@ def main() -> int:
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
     }
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    RESULTS.write_text(
+        json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **result}, indent=1) + "\n",
+        encoding="utf-8",
+    )
     print(f"wrote {RESULTS} ({result['runtime_s']} s)")
     return 0
 

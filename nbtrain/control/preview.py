@@ -9,7 +9,6 @@ it in a subprocess with the run's own SFTConfig, writing JSON that nbtrain.ui.pr
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -60,7 +59,7 @@ def preview_data(
         argv = [sys.executable, "-m", "nbtrain.worker.jobs.preview", str(src), "--out", str(out),
                 "-n", str(n), "--stats-rows", str(stats_rows)]  # fmt: skip
         # No GPU is needed to tokenise; hiding them keeps the preview off a card a run is using.
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
+        env = {"CUDA_VISIBLE_DEVICES": ""}
         try:
             code = run_to_end(argv, log=log, env=env, timeout=timeout)
         except subprocess.TimeoutExpired:

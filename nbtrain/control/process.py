@@ -203,14 +203,15 @@ def run_to_end(
     timeout: float | None = None,
     grace: float = 10.0,
 ) -> int:
-    """Start ``argv`` as start_process does and wait for it; returns its exit code.
+    """Start ``argv`` as start_process does, with job_env (as the warm process has it), and wait for it;
+    returns its exit code.
 
     After ``timeout`` seconds its process group is stopped (SIGTERM, ``grace`` s, SIGKILL) and
     subprocess.TimeoutExpired is raised. Anything else that ends the wait (KeyboardInterrupt from the
     notebook's stop button) stops the group too before it goes on: nothing keeps running behind the
     user's back.
     """
-    started = start_process(argv, log=log, cwd=cwd, env=env)
+    started = start_process(argv, log=log, cwd=cwd, env={**job_env(), **(env or {})})
     if isinstance(started, LaunchFailed):
         raise NbtrainError(started.reason)
     try:
@@ -243,7 +244,7 @@ def run_job(
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
     # No GPU is hidden from the job (unlike a training worker's plan): it uses what the machine has.
     try:
-        code = run_to_end(argv, log=log, cwd=cwd, env={**job_env(), **(env or {})}, timeout=timeout)
+        code = run_to_end(argv, log=log, cwd=cwd, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise NbtrainError(f"{what} did not finish in {timeout:.0f} s and was stopped; see {log}") from None
     try:

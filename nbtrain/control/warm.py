@@ -34,6 +34,7 @@ REPLY_TIMEOUT = 30.0
 SERVED = frozenset({
     "nbtrain.worker", "nbtrain.worker.serve.server", "nbtrain.worker.serve.generate",
     "nbtrain.worker.jobs.export", "nbtrain.worker.jobs.preview", "nbtrain.worker.jobs.score",
+    "nbtrain.worker.jobs.evaluate",
 })  # fmt: skip
 
 

@@ -66,6 +66,15 @@ def hide_packages(names: list[str]) -> list[str]:
     return hidden
 
 
+def unhide_packages(names: tuple[str, ...]) -> None:
+    """Let ``names`` be imported again in a process that inherited them hidden (forked by the warm process):
+    for packages nothing already imported decided on (scipy for lm-eval's metrics), unlike bitsandbytes,
+    whose absence peft and transformers fix at their own import."""
+    for name in names:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
+
+
 def hidden_import_hint(error: BaseException, hidden: list[str]) -> str | None:
     """The fix, when ``error`` is the import of a package this process hid."""
     if not isinstance(error, ImportError):

@@ -68,10 +68,11 @@ PRELOAD = (
 )
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3")
 # The modules a child may become: the training worker (one process; launchers stay cold), the model
-# server and the one-off jobs. The eval job keeps scipy (lm-eval's metrics), which this process leaves out.
+# server and the one-off jobs (the eval job imports scipy itself for lm-eval's metrics).
 SERVES = frozenset({
     "nbtrain.worker", "nbtrain.worker.serve.server", "nbtrain.worker.serve.generate",
     "nbtrain.worker.jobs.export", "nbtrain.worker.jobs.preview", "nbtrain.worker.jobs.score",
+    "nbtrain.worker.jobs.evaluate",
 })  # fmt: skip
 STACK = ("torch", "transformers", "datasets", "peft", "trl", "accelerate", "numpy")
 
@@ -277,6 +278,10 @@ def serve(idle: float) -> int:
         print(f"nbtrain warm: another warm process serves key {key}", flush=True)
         return 0
     failed = preload()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # a fork would inherit a CUDA context it cannot use
+        print("nbtrain warm: an import initialised CUDA; this process cannot fork runs, exiting", flush=True)
+        return 1
     started_stamp = stamp()
     path = proto.socket_path(key)
     srv = bind(path)

@@ -145,3 +145,25 @@ def test_what_the_warm_process_cannot_serve_is_answered_cold_with_the_reason(tmp
     assert "not served warm" in str(
         server.refusal({**request, "argv": [sys.executable, "-m", "os"]}, key, stamp)
     )
+
+
+def test_the_eval_and_preview_jobs_fork_warm_and_give_what_cold_ones_do(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, warm_processes: Path
+) -> None:
+    def forks() -> tuple[int, int]:
+        logs = "".join(p.read_text() for p in warm_processes.glob("*.log"))
+        return logs.count("for nbtrain.worker.jobs.evaluate"), logs.count("for nbtrain.worker.jobs.preview")
+
+    wait_ready()
+    run = nbtrain.finetune(lora_yaml(4), name="to-eval")
+    assert run.wait(timeout=300).state == "completed", run.logs(40)
+    before = forks()
+    warm_report = nbtrain.evaluate(run, compare_base=True, file="data/add.jsonl", limit=16)
+    warm_preview = nbtrain.preview(run, n=2).data
+    assert forks() == (before[0] + 1, before[1] + 1)
+    monkeypatch.setenv("NBTRAIN_WARM", "0")
+    cold_report = nbtrain.evaluate(run, compare_base=True, file="data/add.jsonl", limit=16)
+    cold_preview = nbtrain.preview(run, n=2).data
+    assert forks() == (before[0] + 1, before[1] + 1)  # the cold ones were not forked
+    assert warm_report.models == cold_report.models and set(cold_report.models) == {"base", "tuned"}
+    assert warm_preview == cold_preview

@@ -145,6 +145,10 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
     plan.launcher = _launcher(plan.strategy, d.launcher, world)
     if plan.strategy != "none":
         reasons.append(f"launcher {plan.launcher} (starts cold: the warm process forks one-process runs)")
+    elif cfg.method == "qlora":
+        # peft defines its 4/8-bit LoRA layers only if bitsandbytes imported with it, and importing
+        # bitsandbytes initialises CUDA (its device query), after which a process cannot fork
+        reasons.append("starts cold: QLoRA needs bitsandbytes, which the warm process cannot hold")
     return plan
 
 

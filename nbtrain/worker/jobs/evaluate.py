@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, atomic_write_json, read_json
-from nbtrain.worker.lean import hide_for_run
+from nbtrain.worker.lean import hide_for_run, unhide_packages
 
 EVAL_DIR = "eval"
 
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None, *, lean: bool = False) -> int:
     """``lean``: this process is the command (``python -m``), so it may leave unused packages out."""
     args = _parser().parse_args(argv)
     if lean:  # lm-eval's metrics may need scipy (through scikit-learn): only bitsandbytes stays out
+        unhide_packages(("scipy",))  # started by the warm process, which holds it hidden
         hide_for_run(Path(args.run_dir).resolve(), keep=("scipy",), label="nbtrain eval")
     result: dict[str, Any] = {"ok": False}
     try:
