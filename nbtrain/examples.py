@@ -158,28 +158,34 @@ def _corpus() -> list[str]:
     return lines
 
 
-def make_tiny_model(
-    path: str | Path, *, vocab_size: int = 1000, hidden_size: int = 64, num_layers: int = 2, seed: int = 0
-) -> Path:
-    """Build and save the tiny Llama + tokenizer at ``path``; returns the path."""
-    import torch
+def train_bpe(special_tokens: list[str], vocab_size: int, lines: list[str]) -> Any:
+    """A byte-level BPE (``tokenizers``) trained on ``lines``, with ``special_tokens`` first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(lines, trainer=trainer)
+    return tok
+
+
+def make_tiny_model(
+    path: str | Path, *, vocab_size: int = 1000, hidden_size: int = 64, num_layers: int = 2, seed: int = 0
+) -> Path:
+    """Build and save the tiny Llama + tokenizer at ``path``; returns the path."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+        tokenizer_object=train_bpe(SPECIAL_TOKENS, vocab_size, _corpus()),
         pad_token="<pad>",
         bos_token="<s>",
         eos_token="<|end|>",

@@ -53,6 +53,24 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
 
 
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny LLaVA-style vision-language model (nbtrain.examples_vision), built once per session."""
+    from nbtrain.examples_vision import make_tiny_vlm
+
+    return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny-llava", "llava")
+
+
+@pytest.fixture
+def vision_workdir(tmp_path: Path, tiny_vlm: Path) -> Path:
+    """A notebook directory with ./tiny-llava and the colour task in data/colours.jsonl (+ data/img/)."""
+    from nbtrain.examples_vision import write_image_dataset
+
+    (tmp_path / "tiny-llava").symlink_to(tiny_vlm)
+    write_image_dataset(tmp_path / "data" / "colours.jsonl", n=48)
+    return tmp_path
+
+
 @pytest.fixture
 def workdir(tmp_path: Path, tiny_model: Path) -> Path:
     """A notebook-like working directory with ./tiny-llama and data/add.jsonl."""

@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from nbtrain.contract.images import ImageRowError, flatten, has_images, to_parts
 from nbtrain.contract.objectives import OBJECTIVES
 
 # Data files by suffix -> the `datasets` builder that reads them (the one table; the check, the loader and
@@ -180,10 +181,54 @@ def _str_field(row: Mapping[str, Any], key: str, *, required: bool = True) -> st
     return v
 
 
-def to_example(row: Mapping[str, Any], fmt: str) -> dict[str, Any]:
-    """Normalise one row to ``{"messages": [...]}`` or ``{"text": ...}``; RowError if not ``fmt``."""
+def to_example(row: Mapping[str, Any], fmt: str, *, vision: bool | None = False) -> dict[str, Any]:
+    """Normalise one row to ``{"messages": [...]}`` or ``{"text": ...}``; RowError if not ``fmt``.
+
+    ``vision`` (a vision-language model's run): every conversational row in TRL's vision layout
+    (``{"messages": [content parts], "images": [...]}``, nbtrain.contract.images), text-only rows too;
+    None: only rows that name images (the kernel's check, before the model is known); False: a row with
+    images is refused, and content given as text parts is joined into a string."""
     if not isinstance(row, Mapping):
         raise RowError(f"row must be an object, got {type(row).__name__}")
+    named = has_images(row)
+    with_images = vision if vision is not None else named
+    if not with_images and not named and not _has_parts(row):
+        return _to_example(row, fmt)
+    try:
+        flat, refs, leading = flatten(row)
+    except ImageRowError as e:
+        raise RowError(str(e)) from None
+    if refs and not with_images:
+        raise RowError(
+            f"it has {len(refs)} image(s), which only a vision-language model trains on (a model whose "
+            f"config.json has a vision_config, e.g. Qwen2.5-VL, LLaVA, SmolVLM)"
+        )
+    example = _to_example(flat, fmt)
+    if not with_images:
+        return example
+    if "messages" not in example:
+        raise RowError(
+            f"{fmt} rows cannot hold images; a vision-language model trains on conversations (messages, "
+            f"alpaca or sharegpt rows)"
+        )
+    try:
+        return to_parts(example, refs, leading)
+    except ImageRowError as e:
+        raise RowError(str(e)) from None
+
+
+def _has_parts(row: Mapping[str, Any]) -> bool:
+    """Whether some message's content is a list of parts (OpenAI's text parts, or images)."""
+    for key in ("messages", "conversations"):
+        turns = row.get(key)
+        if isinstance(turns, list) and any(
+            isinstance(t, Mapping) and isinstance(t.get("content"), list) for t in turns
+        ):
+            return True
+    return False
+
+
+def _to_example(row: Mapping[str, Any], fmt: str) -> dict[str, Any]:
     if fmt == "text":
         text = _str_field(row, "text")
         if not text.strip():
@@ -379,7 +424,7 @@ def check_rows(
                 return fmt, _no_format(n, row, objective)
             resolved = detected
         try:
-            example = to_example(row, resolved)
+            example = to_example(row, resolved, vision=None)  # images checked as such (the kernel's look)
         except RowError as e:
             return resolved, f"row {n} is not valid {resolved} data ({e}): {show_row(row)}"
         if resolved in ("preference", "unpaired"):

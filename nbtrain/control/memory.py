@@ -103,10 +103,16 @@ class ParamCounts:
     norms: int  # all RMSNorm weights (per layer, qk-norms, final)
     lm_head: int  # 0 when tied to the embeddings
     linears: tuple[Linear, ...]
+    vision: int = 0  # a vision-language model's image encoder (count_vision_parameters)
+    projector: int = 0  # and what maps its features into the language model
 
     @property
     def total(self) -> int:
-        return self.embeddings + self.attention + self.mlp + self.norms + self.lm_head
+        return self.embeddings + self.attention + self.mlp + self.norms + self.lm_head + self.vision_total
+
+    @property
+    def vision_total(self) -> int:
+        return self.vision + self.projector
 
     @property
     def quantized_linears(self) -> int:
@@ -167,8 +173,9 @@ def count_parameters(model_config: Mapping[str, Any]) -> ParamCounts:
     head_dim = cfg.get("head_dim") or h // heads  # Mistral-style configs may carry head_dim: null
     q, kv = heads * head_dim, kv_heads * head_dim
 
-    qkv_bias = model_type == "qwen2" or bool(cfg.get("attention_bias", False))
-    o_bias = model_type != "qwen2" and bool(cfg.get("attention_bias", False))
+    qwen2 = model_type in _QWEN2_TEXT
+    qkv_bias = qwen2 or bool(cfg.get("attention_bias", False))
+    o_bias = not qwen2 and bool(cfg.get("attention_bias", False))
     mlp_bias = bool(cfg.get("mlp_bias", False))
     linears = (
         Linear("q_proj", h, q, qkv_bias),
@@ -182,7 +189,9 @@ def count_parameters(model_config: Mapping[str, Any]) -> ParamCounts:
     attention = sum(lin.params for lin in linears[:4])
     mlp = sum(lin.params for lin in linears[4:])
     norms = 2 * h + (2 * head_dim if model_type == "qwen3" else 0)
-    tied = bool(cfg.get("tie_word_embeddings", False))
+    # a multimodal checkpoint says whether its embeddings are tied at the top level
+    tied = bool(cfg.get("tie_word_embeddings", model_config.get("tie_word_embeddings", False)))
+    vision, projector = count_vision_parameters(model_config) or (0, 0)
     return ParamCounts(
         model_type=model_type,
         layers=n_layers,
@@ -194,7 +203,59 @@ def count_parameters(model_config: Mapping[str, Any]) -> ParamCounts:
         norms=n_layers * norms + h,
         lm_head=0 if tied else vocab * h,
         linears=linears,
+        vision=vision,
+        projector=projector,
     )
+
+
+# Text models whose attention has biases on q/k/v only (a Qwen2-VL's language model is a Qwen2).
+_QWEN2_TEXT = ("qwen2", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text")
+# transformers' defaults of the vision configs counted here (config.json leaves a default out).
+_QWEN2_VL_VISION = {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4, "in_channels": 3,
+                    "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+_CLIP_VISION = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
+                "image_size": 224, "patch_size": 32}  # fmt: skip
+
+
+def is_vision_language(model_config: Mapping[str, Any]) -> bool:
+    """Whether ``config.json`` is an image-text-to-text model's: it nests a vision encoder's config."""
+    return isinstance(model_config.get("vision_config"), Mapping)
+
+
+def count_vision_parameters(model_config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(vision encoder, projector) parameters of a vision-language model from its config alone, for the
+    families counted exactly (Qwen2-VL; LLaVA with a CLIP encoder); None for a text model or another
+    family (the estimate then says it left the vision part out)."""
+    if not is_vision_language(model_config):
+        return None
+    mtype = model_config.get("model_type")
+    vc = model_config["vision_config"]
+    if mtype == "qwen2_vl":
+        v = {**_QWEN2_VL_VISION, **vc}
+        e, depth, m = int(v["embed_dim"]), int(v["depth"]), int(v["spatial_merge_size"])
+        hidden = int(e * v["mlp_ratio"])
+        patch = int(v["in_channels"]) * int(v["temporal_patch_size"]) * int(v["patch_size"]) ** 2 * e
+        # per block: two LayerNorms, qkv and proj (with biases), fc1 and fc2 (with biases)
+        block = 4 * e + (3 * e * e + 3 * e) + (e * e + e) + (e * hidden + hidden) + (hidden * e + e)
+        merged, out = e * m * m, int(v["hidden_size"])
+        merger = 2 * e + (merged * merged + merged) + (merged * out + out)
+        return patch + depth * block, merger
+    if mtype == "llava" and vc.get("model_type", "clip_vision_model") == "clip_vision_model":
+        v = {**_CLIP_VISION, **vc}
+        e, inter, layers = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["num_hidden_layers"])
+        positions = (int(v["image_size"]) // int(v["patch_size"])) ** 2 + 1
+        embeddings = e + int(v["num_channels"]) * int(v["patch_size"]) ** 2 * e + positions * e
+        layer = 4 * (e * e + e) + 4 * e + (e * inter + inter) + (inter * e + e)
+        encoder = embeddings + 2 * e + layers * layer + 2 * e  # pre- and post-LayerNorm
+        text_hidden = int(_text_config(model_config)["hidden_size"])
+        feature_layers = model_config.get("vision_feature_layer", -2)
+        n_features = len(feature_layers) if isinstance(feature_layers, list) else 1
+        bias = bool(model_config.get("multimodal_projector_bias", True))
+        projector = (e * n_features * text_hidden + text_hidden * bias) + (
+            text_hidden**2 + text_hidden * bias
+        )
+        return encoder, projector
+    return None
 
 
 def resolve_lora_targets(

@@ -25,8 +25,19 @@ from nbtrain.contract.errors import ConfigError, NbtrainError, Problem
 from nbtrain.control import hub
 from nbtrain.control.config import trainargs
 from nbtrain.control.config.preset import Preset, find_preset
-from nbtrain.control.config.schema import Resolved, load_config, planned_problems, problems_error
-from nbtrain.control.memory import Estimate, load_model_config
+from nbtrain.control.config.schema import (
+    Resolved,
+    VisionSettings,
+    load_config,
+    planned_problems,
+    problems_error,
+)
+from nbtrain.control.memory import (
+    Estimate,
+    count_vision_parameters,
+    is_vision_language,
+    load_model_config,
+)
 from nbtrain.control.plan.distributed import deepspeed_config
 from nbtrain.control.plan.estimates import compare_table, request_for
 from nbtrain.control.plan.fit import Fit, fits
@@ -149,6 +160,7 @@ def prepare(
     preset = find_preset()  # instructor mode: nbtrain.lab.yaml here or above, or $NBTRAIN_PRESET
     res = load_config(config, name=name, preset=preset)
     hub_note = hub_model_check(res)
+    vision_check(res)
     payload = reward_payload(res, namespace) if capture_rewards else None
     hw = hardware or probe_hardware()
     plan = make_plan(res, hw)
@@ -158,6 +170,8 @@ def prepare(
     if res.config.method != plan.method:  # method: auto, decided by the planner
         res.config = res.config.model_copy(update={"method": plan.method})
     args = train_args(res, plan)
+    if res.config.vision is not None and "max_length" not in res.config.train:
+        args["max_length"] = None  # TRL would cut a long row inside its image tokens: the row's own length
     if preset is not None:
         violations += preset_args_problems(preset, args, plan.world_size, res.config.objective)
         if violations and enforce_preset:
@@ -180,6 +194,51 @@ def hub_model_check(res: Resolved) -> str | None:
         return hub.model_config(res.config.model, res.config.revision)[1]
     except hub.HubProblem as e:
         raise problems_error(res.text, [(("model",), str(e))]) from None
+
+
+def vision_check(res: Resolved) -> None:
+    """A vision-language model (its config.json nests a vision_config) gets ``vision:`` filled in; images
+    in the data of a text model, ``vision:`` for one, or an objective other than SFT on images are
+    refused, pointing at the line. A model whose config.json cannot be had is left to the worker."""
+    mc = load_model_config(res.config.model, res.config.revision)
+    if mc is None:
+        return
+    cfg = res.config
+    images = sum(s.images for s in res.train_sources) + (res.eval_data.images if res.eval_data else 0)
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    if not is_vision_language(mc):
+        if cfg.vision is not None:
+            problems.append((("vision",), (
+                f"vision: applies to a vision-language model; {cfg.model} is a text model (its config.json "
+                f"has no vision_config): remove vision:"
+            )))  # fmt: skip
+        if images:
+            problems.append((("data", "train"), (
+                f"the data names images ({images} in the rows looked at), but {cfg.model} is a text model "
+                f"(its config.json has no vision_config): use a vision-language model (Qwen2-VL, LLaVA, "
+                f"...) or data without images"
+            )))  # fmt: skip
+    else:
+        if cfg.objective != "sft":
+            problems.append((("objective",), (
+                f"objective: {cfg.objective} on a vision-language model is not supported by nbtrain yet; "
+                f"objective: sft trains it on image+text conversations"
+            )))  # fmt: skip
+        if res.train_data.format == "text":
+            problems.append((("data", "train"), (
+                "plain text rows cannot train a vision-language model here; give conversations (messages, "
+                "alpaca or sharegpt rows, with or without images)"
+            )))  # fmt: skip
+        if cfg.vision is None:
+            res.config = cfg.model_copy(update={"vision": VisionSettings()})
+        encoder, projector = count_vision_parameters(mc) or (0, 0)
+        counted = f"{encoder:,} + {projector:,} parameters" if encoder else "parameters not counted"
+        res.notes.append(
+            f"model: vision-language ({mc.get('model_type')}; image encoder + projector: {counted}), "
+            f"{images} image(s) in the rows looked at; frozen: {res.config.vision.freeze}"  # type: ignore[union-attr]
+        )
+    if problems:
+        raise problems_error(res.text, problems)
 
 
 def launch_refusal(prep: Prepared) -> str | None:

@@ -347,6 +347,47 @@ def _stop_ours() -> None:
 
 
 # ---------------------------------------------------------------------------------- generating
+def with_images(prompts: list[Any], images: Any) -> list[Any]:
+    """Each text prompt as one user message with its images first (as ``image_url`` parts, the same the
+    server takes); ``images`` holds one entry per prompt (an image, or a list of images)."""
+    per_prompt = images if isinstance(images, (list, tuple)) and len(prompts) > 1 else [images]
+    if len(per_prompt) != len(prompts):
+        raise ServeError(f"images: one entry per prompt ({len(prompts)}), got {len(per_prompt)}")
+    out = []
+    for prompt, imgs in zip(prompts, per_prompt, strict=True):
+        if not isinstance(prompt, str):
+            raise ServeError(
+                "images go with text prompts; in a list of messages give image_url parts instead"
+            )
+        imgs = list(imgs) if isinstance(imgs, (list, tuple)) else [imgs]
+        parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": data_uri(i)}} for i in imgs]
+        out.append([{"role": "user", "content": [*parts, {"type": "text", "text": prompt}]}])
+    return out
+
+
+def data_uri(image: Any) -> str:
+    """A data: URI of an image given as a path, a PIL image, raw bytes or a data: URI already."""
+    import base64
+    import io
+
+    if isinstance(image, str) and image.startswith("data:"):
+        return image
+    if isinstance(image, (str, Path)):
+        p = Path(image).expanduser()
+        if not p.is_file():
+            raise ServeError(f"image not found: {p.resolve()}")
+        data = p.read_bytes()
+    elif isinstance(image, bytes):
+        data = image
+    elif hasattr(image, "save"):  # a PIL image
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        data = buf.getvalue()
+    else:
+        raise ServeError(f"an image is a path, a PIL image or bytes, not {type(image).__name__}")
+    return "data:image;base64," + base64.b64encode(data).decode("ascii")
+
+
 def generate(
     run: Run | str | Path,
     prompts: str | list[Any],
@@ -360,14 +401,19 @@ def generate(
     chat: bool = True,
     device: str = "auto",
     timeout: float = 600.0,
+    images: Any = None,
 ) -> list[str]:
     """Completions of ``prompts`` by the tuned model (``base=True``: the base model), greedy by default.
 
     With ``chat`` each prompt is a user message (or a list of messages) put through the chat template;
     without, raw text continued. Uses the run's server when one is up, else a one-shot process.
+    ``images`` (a vision-language run): one image per prompt, or a list of them per prompt (paths, PIL
+    images or data: URIs), shown before the prompt's text.
     """
     run = get_run(run)
     items = [prompts] if isinstance(prompts, str) else list(prompts)
+    if images is not None:
+        items = with_images(items, images)
     params: dict[str, Any] = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
     if seed is not None:
         params["seed"] = seed

@@ -55,7 +55,8 @@ class Run(_core.Run):
 
     def generate(self, prompts: str | list[Any], **kwargs: Any) -> list[str]:
         """Replies of the tuned model (``base=True``: the base) to ``prompts``, greedy by default; see
-        ``nbtrain.control.serve.generate`` for max_new_tokens, temperature, top_p, seed, stop, chat."""
+        ``nbtrain.control.serve.generate`` for max_new_tokens, temperature, top_p, seed, stop, chat and (a
+        vision-language run) images."""
         from nbtrain.control.serve import generate
 
         return generate(self, prompts, **kwargs)

@@ -124,11 +124,20 @@ def first_row(ds: Any) -> dict[str, Any] | None:
 
 
 def convert(
-    ds: Any, fmt: str, objective: str = "sft", *, max_samples: int | None = None, source: str = ""
+    ds: Any,
+    fmt: str,
+    objective: str = "sft",
+    *,
+    max_samples: int | None = None,
+    source: str = "",
+    vision: bool = False,
+    base: str | None = None,
 ) -> tuple[Any, str]:
     """Normalise every row of ``ds`` (a Dataset or an IterableDataset) to ``fmt`` for ``objective``
     (detected from the first row when 'auto'); DataError naming the first bad row. Prompt rows keep
-    their other columns: GRPO hands them to the reward functions."""
+    their other columns: GRPO hands them to the reward functions. ``vision``: every row in TRL's vision
+    layout, its images found (paths relative to ``base``, the data file's folder), checked to be images
+    and typed as ``datasets.Image`` (decoded as the trainer reads them)."""
     where = f" of {source}" if source else ""
     if max_samples is not None:
         ds = ds.take(max_samples) if is_streaming(ds) else ds.select(range(min(max_samples, len(ds))))
@@ -147,15 +156,84 @@ def convert(
 
     def one(row: dict[str, Any], idx: int) -> dict[str, Any]:
         try:
-            return to_example(row, use)
+            example = to_example(row, use, vision=vision)
         except RowError as e:
             raise DataError(f"row {idx + 1}{where} is not valid {use} data ({e}): {show_row(row)}") from None
+        if vision:
+            example["images"] = [image_entry(ref, base, f"row {idx + 1}{where}") for ref in example["images"]]
+        return example
 
     # A streamed dataset may not know its columns before it is read: the first row does.
     columns = ds.column_names if ds.column_names is not None else list(first)
     remove = [] if fmt == "prompt" else columns
     kwargs: dict[str, Any] = {} if is_streaming(ds) else {"desc": None}
+    if vision:
+        kwargs["features"] = vision_features()
     return ds.map(one, with_indices=True, remove_columns=remove, **kwargs), fmt
+
+
+def vision_features() -> Any:
+    """The columns of a vision-language run's rows: content parts, and the images as ``datasets.Image``
+    (stored as path or bytes; decoded when a batch is collated)."""
+    import datasets
+
+    part = {"type": datasets.Value("string"), "text": datasets.Value("string")}
+    message = {"role": datasets.Value("string"), "content": datasets.List(part)}
+    return datasets.Features({"messages": datasets.List(message), "images": datasets.List(datasets.Image())})
+
+
+# An image a row names by URL is fetched once, while the rows are prepared; larger ones are refused.
+MAX_IMAGE_BYTES = 64 * 2**20
+URL_TIMEOUT = 30.0
+
+
+def image_entry(ref: Any, base: str | None, where: str) -> dict[str, Any]:
+    """One image of a row as ``datasets.Image`` stores it (``{"path", "bytes"}``), after checking that it is
+    there and is an image; DataError naming the row and the image otherwise."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    from nbtrain.contract.images import ImageRowError, describe, image_source
+
+    try:
+        kind, value = image_source(ref, base)
+    except ImageRowError as e:
+        raise DataError(f"{where}: {e}") from None
+    name = describe(ref)
+    if kind == "object":
+        if not isinstance(value, Image.Image):
+            raise DataError(f"{where}: an image is a {type(value).__name__}, not a path, URL or image")
+        buf = io.BytesIO()
+        value.save(buf, format="PNG")
+        return {"path": None, "bytes": buf.getvalue()}
+    if kind == "url":
+        value = fetch_image(value, where)
+        kind = "bytes"
+    if kind == "path" and not os.path.isfile(value):
+        raise DataError(f"{where}: the image {name} is not there (looked for {value}); fix or remove the row")
+    try:
+        with Image.open(value if kind == "path" else io.BytesIO(value)) as im:
+            im.verify()
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
+        raise DataError(
+            f"{where}: the image {name} is not a readable image ({type(e).__name__}: {str(e)[:200]}); fix or "
+            f"remove the row"
+        ) from None
+    return {"path": value, "bytes": None} if kind == "path" else {"path": None, "bytes": value}
+
+
+def fetch_image(url: str, where: str) -> bytes:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=URL_TIMEOUT) as resp:  # image_source: http(s) only
+            data = bytes(resp.read(MAX_IMAGE_BYTES + 1))
+    except OSError as e:
+        raise DataError(f"{where}: the image {url} could not be fetched ({e})") from None
+    if len(data) > MAX_IMAGE_BYTES:
+        raise DataError(f"{where}: the image {url} is over {MAX_IMAGE_BYTES // 2**20} MiB")
+    return data
 
 
 def rename_columns(ds: Any, columns: Mapping[str, str] | None) -> Any:
@@ -227,7 +305,10 @@ def load_train(
         src_fmt = src.get("format") or "auto"
         if src_fmt == "auto":
             src_fmt = d.get("format", "auto")
-        part, used = convert(raw, src_fmt, objective, source=label, max_samples=limit)
+        part, used = convert(
+            raw, src_fmt, objective, source=label, max_samples=limit, vision=bool(cfg.get("vision")),
+            base=_folder(src),
+        )  # fmt: skip
         if i == 0:
             fmt = used
         parts.append(part)
@@ -252,8 +333,18 @@ def load_eval(cfg: Mapping[str, Any], data: Mapping[str, Any], fmt: str, objecti
         return None
     d = cfg["data"]
     raw = load_raw(ev["location"], ev["kind"], streaming=bool(d.get("streaming")))
-    out, _ = convert(rename_columns(raw, d.get("columns")), fmt, objective)
+    vision = bool(cfg.get("vision"))
+    out, _ = convert(rename_columns(raw, d.get("columns")), fmt, objective, vision=vision, base=_folder(ev))
     return out
+
+
+def _folder(src: Mapping[str, Any]) -> str | None:
+    """Where a source's relative image paths start: its file's folder (a save_to_disk dir: itself)."""
+    if src.get("kind") == "disk":
+        return str(src["location"])
+    if src.get("kind") in ("jsonl", "json", "csv", "parquet"):
+        return os.path.dirname(str(src["location"]))
+    return None
 
 
 def take_eval_split(train: Any, size: float | int, seed: int) -> tuple[Any, Any]:

@@ -19,48 +19,131 @@ def compute_dtype(plan: dict[str, Any]) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan["precision"], torch.float32)
 
 
-def load_tokenizer(cfg: dict[str, Any]) -> Any:
-    from transformers import AutoTokenizer
+def is_vision(cfg: dict[str, Any]) -> bool:
+    """A vision-language model's run (the kernel fills ``vision:`` in when the model's config has a
+    vision_config)."""
+    return cfg.get("vision") is not None
 
-    tok = AutoTokenizer.from_pretrained(
-        cfg["model"], trust_remote_code=cfg["trust_remote_code"], revision=cfg.get("revision")
-    )
+
+def load_tokenizer(cfg: dict[str, Any]) -> Any:
+    """The trainer's processing class: the tokenizer, or for a vision-language model its processor (image
+    processor + tokenizer + chat template), saved with the result as it was loaded."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    kwargs = {"trust_remote_code": cfg["trust_remote_code"], "revision": cfg.get("revision")}
+    if is_vision(cfg):
+        proc = AutoProcessor.from_pretrained(cfg["model"], **kwargs)
+        tok = proc.tokenizer
+    else:
+        proc = tok = AutoTokenizer.from_pretrained(cfg["model"], **kwargs)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    return tok
+    return proc
 
 
-def lora_config(cfg: dict[str, Any]) -> Any:
-    """The peft LoraConfig of ``lora:``, or None for method: full."""
+# A vision-language model's parts by their module names in transformers: the image encoder, and the
+# projector that maps its features into the language model (Qwen2-VL keeps its merger inside the encoder).
+ENCODER_NAMES = ("visual", "vision_tower", "vision_model")
+PROJECTOR_NAMES = ("multi_modal_projector", "merger", "connector", "mm_projector")
+_DEFAULT_TARGETS = ("q_proj", "v_proj")  # peft's default for the Llama/Qwen2-style language models
+
+
+def vision_parts(model: Any) -> tuple[list[str], list[str]]:
+    """(encoder, projector) module names of a vision-language model, outermost first."""
+    encoder: list[str] = []
+    projector: list[str] = []
+    for name, _ in model.named_modules():
+        last = name.rsplit(".", 1)[-1]
+        if last in PROJECTOR_NAMES and not any(name.startswith(f"{p}.") for p in projector):
+            projector.append(name)
+        elif last in ENCODER_NAMES and not any(name.startswith(f"{e}.") for e in encoder):
+            encoder.append(name)
+    return encoder, projector
+
+
+def language_model_targets(model: Any, target: str | list[str]) -> list[str]:
+    """The full names of the language model's linear modules LoRA wraps in a vision-language model (so
+    the image encoder's q_proj/v_proj are left alone): ``auto`` q_proj and v_proj, ``all-linear`` every
+    linear layer but the output head, or the names listed."""
+    import torch
+
+    wanted = set(_DEFAULT_TARGETS) if target == "auto" else None if target == "all-linear" else set(target)
+    encoder, projector = vision_parts(model)
+    outside = tuple(f"{n}." for n in (*encoder, *projector))
+    names = [
+        name
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear)
+        and not f"{name}.".startswith(outside)
+        and not name.endswith("lm_head")
+        and (wanted is None or name.rsplit(".", 1)[-1] in wanted)
+    ]
+    if not names:
+        raise ValueError(f"lora: target_modules {target!r} names no linear layer of the language model")
+    return names
+
+
+def lora_config(cfg: dict[str, Any], model: Any = None) -> Any:
+    """The peft LoraConfig of ``lora:``, or None for method: full. For a vision-language ``model`` the
+    targets are the language model's, and ``vision: freeze:`` names what trains fully beside them."""
     if cfg["method"] not in ("lora", "qlora"):
         return None
     from peft import LoraConfig
 
     lo = cfg["lora"]
     target = lo["target_modules"]
+    targets: Any = None if target == "auto" else target
+    modules_to_save = None
+    if is_vision(cfg) and model is not None:
+        targets = language_model_targets(model, target)
+        encoder, projector = vision_parts(model)
+        freeze = cfg["vision"]["freeze"]
+        trained = projector if freeze == "encoder" else [*encoder, *projector] if freeze == "none" else []
+        outer = [n for n in trained if not any(n.startswith(f"{o}.") for o in trained)]  # not nested twice
+        modules_to_save = [n.rsplit(".", 1)[-1] for n in outer] or None
     return LoraConfig(
         r=lo["r"],
         lora_alpha=lo["alpha"],
         lora_dropout=lo["dropout"],
         bias=lo["bias"],
-        target_modules=None if target == "auto" else target,
+        target_modules=targets,
+        modules_to_save=modules_to_save,
         task_type="CAUSAL_LM",
     )
 
 
+def freeze_vision(model: Any, cfg: dict[str, Any]) -> None:
+    """A full fine-tune of a vision-language model: what ``vision: freeze:`` names stops training."""
+    encoder, projector = vision_parts(model)
+    freeze = cfg["vision"]["freeze"]
+    if freeze == "none":
+        return
+    enc, proj = tuple(f"{n}." for n in encoder), tuple(f"{n}." for n in projector)
+    for name, param in model.named_parameters():
+        in_projector = bool(proj) and name.startswith(proj)  # (Qwen2-VL's merger lies inside its encoder)
+        in_encoder = bool(enc) and name.startswith(enc) and not in_projector
+        if in_encoder or (in_projector and freeze == "encoder+projector"):
+            param.requires_grad_(False)
+
+
 def quantization_config(cfg: dict[str, Any], plan: dict[str, Any]) -> Any:
-    """The bitsandbytes config of ``quantization:`` (4-bit NF4/FP4 with the compute dtype, or 8-bit)."""
+    """The bitsandbytes config of ``quantization:`` (4-bit NF4/FP4 with the compute dtype, or 8-bit). A
+    vision-language model's image encoder and projector stay unquantised (as the language model's head)."""
     from transformers import BitsAndBytesConfig
 
     q = cfg["quantization"]
+    skip = None
+    if is_vision(cfg):  # transformers matches these against the full module name
+        skip = ["lm_head", *(rf".*{n}" for n in (*ENCODER_NAMES, *PROJECTOR_NAMES))]
     if q["bits"] == 4:
         return BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=q["quant_type"],
             bnb_4bit_use_double_quant=q["double_quant"],
             bnb_4bit_compute_dtype=compute_dtype(plan),
+            llm_int8_skip_modules=skip,
         )
-    return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
 
 
 def load_model(
@@ -70,7 +153,7 @@ def load_model(
     bitsandbytes-quantised base prepared for k-bit training (QLoRA); with ``attach_lora`` and a LoRA
     method, wrapped in a freshly initialised adapter."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     method = cfg["method"]
     # revision: a Hub model's branch, tag or commit (absent from older run directories: the default)
@@ -85,7 +168,10 @@ def load_model(
         kwargs["dtype"] = compute_dtype(plan) if on_gpu else torch.float32
     else:
         kwargs["dtype"] = torch.float32  # full fine-tune keeps fp32 master weights; AMP does the rest
-    model: Any = AutoModelForCausalLM.from_pretrained(cfg["model"], **kwargs)
+    auto = AutoModelForImageTextToText if is_vision(cfg) else AutoModelForCausalLM
+    model: Any = auto.from_pretrained(cfg["model"], **kwargs)
+    if method == "full" and is_vision(cfg):
+        freeze_vision(model, cfg)
     if method == "qlora":
         from peft import prepare_model_for_kbit_training
 
@@ -102,7 +188,7 @@ def load_model(
         from transformers import set_seed
 
         set_seed(int(args.get("seed", 42)))  # adapter init is random: seed it for reproducible runs
-        model = get_peft_model(model, lora_config(cfg))
+        model = get_peft_model(model, lora_config(cfg, model))
         report_trainable(model, method)
     return model
 

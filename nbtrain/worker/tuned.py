@@ -65,9 +65,9 @@ def load_tuned(
     (``model.disable_adapter()`` gives base answers from the same weights). QLoRA bases load quantised
     as in training unless ``dtype`` is given (then unquantised in that dtype, e.g. to merge or export).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
-    from nbtrain.worker.model import compute_dtype, quantization_config
+    from nbtrain.worker.model import compute_dtype, is_vision, quantization_config
 
     paths = RunPaths(Path(run_dir).resolve())
     resolved = read_json(paths.resolved)
@@ -101,7 +101,8 @@ def load_tuned(
 
         default = compute_dtype(plan) if on_gpu else torch.float32
         kwargs["dtype"] = torch_dtype(dtype, default)
-    model: Any = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    auto = AutoModelForImageTextToText if is_vision(cfg) else AutoModelForCausalLM
+    model: Any = auto.from_pretrained(source, **kwargs)
     if not quantised:
         model = model.to(device)
     if weights is not None and method in ("lora", "qlora"):
@@ -112,3 +113,22 @@ def load_tuned(
         model.generation_config.pad_token_id = tok.pad_token_id
     model.eval()
     return model, tok
+
+
+def load_processor(run_dir: str | Path, *, base: bool = False) -> Any:
+    """A vision-language run's processor (image processor + tokenizer + chat template): the one saved
+    with its result, else its base model's; None for a text model's run."""
+    from transformers import AutoProcessor
+
+    from nbtrain.worker.model import is_vision
+
+    paths = RunPaths(Path(run_dir).resolve())
+    cfg: dict[str, Any] = read_json(paths.resolved)["config"]
+    if not is_vision(cfg):
+        return None
+    weights = None if base else trained_weights_dir(paths.root)
+    saved = weights is not None and (weights / "processor_config.json").exists()
+    trust = bool(cfg.get("trust_remote_code", False))
+    if saved:
+        return AutoProcessor.from_pretrained(str(weights), trust_remote_code=trust)
+    return AutoProcessor.from_pretrained(cfg["model"], trust_remote_code=trust, revision=cfg.get("revision"))

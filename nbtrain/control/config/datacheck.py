@@ -24,6 +24,7 @@ from nbtrain.contract.formats import (
     jsonl_lines,
     to_example,
 )
+from nbtrain.contract.images import ImageRowError, describe, has_images, image_source
 
 SAMPLE_ROWS = 1000
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -41,6 +42,7 @@ class DataSource:
     split: str | None = None
     columns: dict[str, str] | None = None
     data_files: str | list[str] | None = None  # a hub dataset: which of its files
+    images: int = 0  # images the sampled rows name (a vision-language model's data)
 
 
 class DataProblem(ValueError):
@@ -225,6 +227,7 @@ def inspect_data(
     resolved, problem = check_rows(rows, fmt, objective, columns)
     if problem:
         raise DataProblem(f"{path.name}: {problem}")
+    images = check_images(rows, resolved, columns, path.parent if kind != "disk" else path, path.name)
     if resolved == "unpaired" and len(rows) < SAMPLE_ROWS:
         # Only when the whole file was read: a sample of a sorted file can hold one label by chance.
         only = _one_sided_labels(rows, columns)
@@ -233,7 +236,58 @@ def inspect_data(
                 f"{path.name}: all {len(rows)} rows have label {str(only).lower()}; KTO learns from both "
                 f"desirable (label: true) and undesirable (label: false) completions"
             )
-    return DataSource(spec, str(path), kind, resolved, len(rows))
+    return DataSource(spec, str(path), kind, resolved, len(rows), images=images)
+
+
+# The images the kernel opens before a run starts (the first rows' ones); the worker opens every one.
+CHECK_IMAGES = 64
+
+
+def check_images(
+    rows: list[tuple[int, Any]], fmt: str, columns: dict[str, str] | None, base: Path, name: str
+) -> int:
+    """How many images the sampled rows name; the first CHECK_IMAGES are opened with Pillow, and one that
+    is missing or cannot be decoded is a DataProblem naming its row and file. URLs are fetched by the
+    worker, not here."""
+    found = opened = 0
+    for n, row in rows:
+        if not (isinstance(row, dict) and has_images(apply_columns(row, columns))):
+            continue
+        refs = to_example(apply_columns(row, columns), fmt, vision=True)["images"]
+        found += len(refs)
+        for ref in refs:
+            if opened >= CHECK_IMAGES:
+                continue
+            opened += 1
+            problem = image_problem(ref, base)
+            if problem:
+                raise DataProblem(
+                    f"{name}: row {n}: the image {describe(ref)} {problem}; fix or remove the row"
+                )
+    return found
+
+
+def image_problem(ref: Any, base: Path) -> str | None:
+    """Why an image reference cannot be used (missing, unreadable, not an image), or None. Kernel-safe:
+    Pillow only."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        where, value = image_source(ref, base)
+    except ImageRowError as e:
+        return f"cannot be read ({e})"
+    if where == "url" or where == "object":
+        return None
+    if where == "path" and not Path(value).is_file():
+        return f"is not there (looked for {value})"
+    try:
+        with Image.open(value if where == "path" else io.BytesIO(value)) as im:
+            im.load()
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
+        return f"is not a readable image ({type(e).__name__}: {str(e)[:200]})"
+    return None
 
 
 def _inspect_hub(
@@ -260,4 +314,5 @@ def _inspect_hub(
     resolved, problem = check_rows(sample.rows, fmt, objective, columns)
     if problem:
         raise DataProblem(f"{spec} ({sample.file}): {problem}")
-    return DataSource(spec, spec, "hub", resolved, len(sample.rows), data_files=data_files)
+    images = check_images(sample.rows, resolved, columns, Path.cwd(), f"{spec} ({sample.file})")
+    return DataSource(spec, spec, "hub", resolved, len(sample.rows), data_files=data_files, images=images)

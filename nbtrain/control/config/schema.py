@@ -78,6 +78,14 @@ class LoraSettings(_Strict):
         return v
 
 
+class VisionSettings(_Strict):
+    """A vision-language model's parts besides the language model: what stays frozen. By default the image
+    encoder and the projector into the language model both do (LoRA then trains the language model only);
+    ``encoder`` trains the projector too, ``none`` the encoder as well."""
+
+    freeze: Literal["encoder+projector", "encoder", "none"] = "encoder+projector"
+
+
 class QuantSettings(_Strict):
     bits: Literal[4, 8] = 4
     quant_type: Literal["nf4", "fp4"] = "nf4"
@@ -239,6 +247,7 @@ class RunConfig(_Strict):
     train: dict[str, Any] = Field(default_factory=dict)
     lora: LoraSettings | None = None
     quantization: QuantSettings | None = None
+    vision: VisionSettings | None = None  # a vision-language model's (filled in when the model is one)
     precision: Literal["auto", Precision] = "auto"
     resume: Literal["never", "auto"] = "never"
     distributed: DistributedSettings = Field(default_factory=lambda: DistributedSettings.model_validate({}))

@@ -66,7 +66,9 @@ def eval_rows(resolved: dict[str, Any], tok: Any, file: str | None) -> tuple[Any
         if not kind:
             raise DataError(f"{file}: give a {', '.join(FILE_KINDS)} file or a save_to_disk directory")
         fmt = d["format"] if d.get("format") in ("auto", *SFT_FORMATS) else "auto"
-        rows, _ = convert(rename_columns(load_raw(str(path), kind), d.get("columns")), fmt, "sft")
+        raw = rename_columns(load_raw(str(path), kind), d.get("columns"))
+        folder = str(path if kind == "disk" else path.parent)  # where its rows' image paths start
+        rows, _ = convert(raw, fmt, "sft", vision=bool(cfg.get("vision")), base=folder)
         return rows, f"file {path}"
     if cfg.get("objective", "sft") != "sft":
         raise DataError(
@@ -102,6 +104,10 @@ def eval_batches(model: Any, tok: Any, rows: Any, train_args: dict[str, Any], ba
         return trainer.get_eval_dataloader()
 
 
+# What a collated batch holds besides the model's inputs.
+_NOT_INPUTS = {"labels", "completion_mask", "assistant_masks", "token_type_ids"}
+
+
 def held_out_nll(model: Any, batches: Any) -> dict[str, float]:
     """Token-weighted mean NLL over every labelled next token; perplexity = exp(loss)."""
     import torch
@@ -113,6 +119,10 @@ def held_out_nll(model: Any, batches: Any) -> dict[str, float]:
         for batch in batches:
             names = ("input_ids", "attention_mask", "position_ids")
             inputs = {k: batch[k].to(device) for k in names if k in batch}
+            for k, v in batch.items():  # a vision-language model's pixel values, image sizes, ...
+                if k not in inputs and k not in _NOT_INPUTS and hasattr(v, "to"):
+                    floating = v.is_floating_point()
+                    inputs[k] = v.to(device, dtype=model.dtype) if floating else v.to(device)
             labels = batch["labels"].to(device)
             logits = model(**inputs).logits.float()
             shift_logits, shift_labels = logits[:, :-1, :], labels[:, 1:]
@@ -208,7 +218,7 @@ def as_base(model: Any) -> Iterator[None]:
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from nbtrain.worker.tuned import load_tuned, trained_weights_dir
+    from nbtrain.worker.tuned import load_processor, load_tuned, trained_weights_dir
 
     paths = RunPaths(Path(args.run_dir).resolve())
     resolved = read_json(paths.resolved)
@@ -217,11 +227,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     weights = trained_weights_dir(paths.root)
     model, tok = load_tuned(paths.root, device=device)
+    processor = load_processor(paths.root)  # a vision-language run's: it collates the image rows
     rows, source = eval_rows(resolved, tok, args.file)
     if args.limit is not None:
         n = int(args.limit) if args.limit >= 1 else max(1, int(len(rows) * args.limit))
         rows = rows.select(range(min(n, len(rows))))
-    batches = eval_batches(model, tok, rows, resolved.get("train_args") or {}, args.batch_size)
+    batches = eval_batches(model, processor or tok, rows, resolved.get("train_args") or {}, args.batch_size)
     print(f"nbtrain eval: {len(rows)} rows from {source}, weights {weights}", flush=True)
     models: dict[str, Any] = {"tuned": held_out_nll(model, batches)}
     base_model = None

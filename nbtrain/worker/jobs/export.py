@@ -105,7 +105,7 @@ def write_export(run_dir: Path, target: Path, *, merge: bool, dtype_name: str) -
     import transformers
 
     from nbtrain.contract import __version__
-    from nbtrain.worker.tuned import trained_weights_dir
+    from nbtrain.worker.tuned import load_processor, trained_weights_dir
 
     paths = RunPaths(run_dir)
     resolved = read_json(paths.resolved)
@@ -113,6 +113,7 @@ def write_export(run_dir: Path, target: Path, *, merge: bool, dtype_name: str) -
     method = cfg["method"]
     weights = trained_weights_dir(run_dir)
     tok = load_tokenizer_of(cfg, weights)
+    processor = load_processor(run_dir)  # a vision-language run's: saved beside the weights
     adapter_only = not merge and method in ("lora", "qlora")
     dtype: Any = None
     if adapter_only:
@@ -131,7 +132,7 @@ def write_export(run_dir: Path, target: Path, *, merge: bool, dtype_name: str) -
         model.save_pretrained(str(target))  # safetensors
         model.generation_config.save_pretrained(str(target))
         kind = "merged" if method in ("lora", "qlora") else "full"
-    tok.save_pretrained(str(target))
+    (processor or tok).save_pretrained(str(target))
     step = None
     if weights.name.startswith("checkpoint-"):
         step = int(weights.name.split("-", 1)[1])

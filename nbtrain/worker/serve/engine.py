@@ -18,7 +18,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +118,71 @@ class Params:
 
 @dataclass
 class Prompt:
-    """A checked request's token ids and the completion length it may have."""
+    """A checked request's token ids and the completion length it may have; ``extra``: what else the
+    model takes with them (a vision-language model's pixel values and image sizes)."""
 
     ids: list[int]
     max_tokens: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# The most images one request may carry, and the most bytes of each.
+MAX_IMAGES = 16
+MAX_IMAGE_BYTES = 32 * 2**20
+
+
+def request_image(url: Any, where: str) -> Any:
+    """The image of an ``image_url`` part: a ``data:`` URI (base64) or a ``file:`` URL / path on this
+    machine, decoded with Pillow; RequestError naming the part otherwise."""
+    import io
+
+    from PIL import Image
+
+    from nbtrain.contract.images import ImageRowError, image_source
+
+    if not isinstance(url, str) or not url:
+        raise RequestError(f"{where} needs image_url.url: a data: URI or a file: URL", "messages")
+    try:
+        kind, value = image_source(url, None)
+    except ImageRowError as e:
+        raise RequestError(f"{where}: {e}", "messages") from None
+    if kind == "url":
+        raise RequestError(
+            f"{where}: give the image as a data: URI or a file: URL, not {url[:80]}", "messages"
+        )
+    try:
+        if kind == "path":
+            if Path(value).stat().st_size > MAX_IMAGE_BYTES:
+                raise RequestError(f"{where}: the image is over {MAX_IMAGE_BYTES // 2**20} MiB", "messages")
+            with Image.open(value) as im:
+                return im.convert("RGB")
+        if len(value) > MAX_IMAGE_BYTES:
+            raise RequestError(f"{where}: the image is over {MAX_IMAGE_BYTES // 2**20} MiB", "messages")
+        with Image.open(io.BytesIO(value)) as im:
+            return im.convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise RequestError(f"{where}: not a readable image ({type(e).__name__}: {e})", "messages") from None
+
+
+def _content_parts(content: list[Any], where: str, images: list[Any]) -> list[dict[str, Any]]:
+    """OpenAI content parts (text, image_url) as the processor's chat template takes them; the images
+    decoded into ``images`` in order."""
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        here = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if len(images) >= MAX_IMAGES:
+                raise RequestError(f"at most {MAX_IMAGES} images per request", "messages")
+            images.append(request_image(url, here))
+            parts.append({"type": "image", "image": images[-1]})
+        else:
+            raise RequestError(f"{here} must be a text or image_url part", "messages")
+    return parts
 
 
 @dataclass
@@ -203,7 +264,7 @@ class Engine:
     ) -> None:
         import torch
 
-        from nbtrain.worker.tuned import load_tuned
+        from nbtrain.worker.tuned import load_processor, load_tuned
 
         self.run_dir = Path(run_dir).resolve()
         self.names = model_names(self.run_dir)
@@ -217,6 +278,7 @@ class Engine:
         self.tok_lock = threading.Lock()
         self.base_model: Any = None
         self.model, self.tok = load_tuned(self.run_dir, base=base_only, dtype=dtype, device=device)
+        self.processor = load_processor(self.run_dir, base=base_only)  # a vision-language model's
         if not base_only and not hasattr(self.model, "disable_adapter"):
             # A full fine-tune replaced the weights: base answers need the base model itself.
             self.base_model, _ = load_tuned(self.run_dir, base=True, dtype=dtype, device=device)
@@ -252,25 +314,49 @@ class Engine:
         """Check ``messages`` and put them through the chat template; the prompt must leave room."""
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
+        images: list[Any] = []
+        msgs: list[dict[str, Any]] = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
                 raise RequestError(f"messages[{i}] must be an object with 'role' and 'content'", "messages")
-            if not isinstance(m["content"], str):
-                raise RequestError(f"messages[{i}].content must be a string (text only)", "messages")
-        if not getattr(self.tok, "chat_template", None):
+            content = m["content"]
+            if isinstance(content, list):
+                content = _content_parts(content, f"messages[{i}]", images)
+                if self.processor is None:
+                    if images:
+                        raise RequestError(
+                            "this model takes text only: it has no image processor", "messages"
+                        )
+                    content = "".join(p["text"] for p in content)
+            elif not isinstance(content, str):
+                raise RequestError(f"messages[{i}].content must be a string or a list of parts", "messages")
+            elif self.processor is not None:
+                content = [{"type": "text", "text": content}]
+            msgs.append({"role": m["role"], "content": content})
+        template_owner = self.processor if self.processor is not None else self.tok
+        if not getattr(template_owner, "chat_template", None):
             raise RequestError(
                 "this model's tokenizer has no chat template; use /v1/completions with a plain prompt",
                 "messages",
             )
-        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
         try:
             with self.tok_lock:
-                ids = self.tok.apply_chat_template(
-                    msgs, add_generation_prompt=True, tokenize=True, return_dict=True
-                )
+                if self.processor is None:
+                    ids = self.tok.apply_chat_template(
+                        msgs, add_generation_prompt=True, tokenize=True, return_dict=True
+                    )
+                else:
+                    ids = self.processor.apply_chat_template(
+                        msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+                    )
         except Exception as e:  # noqa: BLE001 - the template (Jinja) refusing the messages is the request's fault
             raise RequestError(f"the model's chat template refused these messages: {e}", "messages") from None
-        return self._fit(list(ids["input_ids"]), params, "messages")
+        if self.processor is None:
+            return self._fit(list(ids["input_ids"]), params, "messages")
+        extra = {k: v for k, v in ids.items() if k not in ("input_ids", "attention_mask")}
+        prompt = self._fit(ids["input_ids"][0].tolist(), params, "messages")
+        prompt.extra = extra
+        return prompt
 
     def text_prompt(self, prompt: Any, params: Params) -> Prompt:
         if not isinstance(prompt, str):
@@ -297,6 +383,14 @@ class Engine:
             what if params.max_tokens is None else "max_tokens",
             code="context_length_exceeded",
         )
+
+    def _on_device(self, value: Any) -> Any:
+        """A processor's tensor on the model's device; pixel values in the model's dtype (bf16 on a GPU)."""
+        if not hasattr(value, "to"):
+            return value
+        if value.is_floating_point():
+            return value.to(self.device, dtype=self.model.get_input_embeddings().weight.dtype)
+        return value.to(self.device)
 
     # ---------------------------------------------------------------------------- generation
     def chat(self, messages: Any, kind: str, params: Params) -> Output:
@@ -328,6 +422,7 @@ class Engine:
             "pad_token_id": self.tok.pad_token_id,
             "attention_mask": torch.ones_like(ids),
             "stopping_criteria": StoppingCriteriaList([watch]),
+            **{k: self._on_device(v) for k, v in prompt.extra.items()},
         }
         if params.temperature >= MIN_TEMPERATURE:
             kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
