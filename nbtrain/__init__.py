@@ -38,6 +38,8 @@ _EXPORTS: dict[str, str] = {
     "probe": "nbtrain.control.start",
     "example_data": "nbtrain.control.start",
     "make_tiny_model": "nbtrain.control.start",
+    "make_tiny_vlm": "nbtrain.control.start",
+    "example_images": "nbtrain.control.start",
     "DataPreview": "nbtrain.ui.preview",
     "preview": "nbtrain.ui.preview",
     "EvalReport": "nbtrain.control.evaluate",
@@ -94,7 +96,15 @@ if TYPE_CHECKING:  # what static checkers and editors see; at run time __getattr
     from nbtrain.control.grading import CheckReport, check, record, records
     from nbtrain.control.runs.run import RunStatus
     from nbtrain.control.scoring import preference_scores
-    from nbtrain.control.start import Prepared, example_data, make_tiny_model, prepare, probe
+    from nbtrain.control.start import (
+        Prepared,
+        example_data,
+        example_images,
+        make_tiny_model,
+        make_tiny_vlm,
+        prepare,
+        probe,
+    )
     from nbtrain.ui.estimate_chart import estimate
     from nbtrain.ui.preview import DataPreview, preview
     from nbtrain.ui.run import Run, finetune, get_run, last_run, launch_function, resume, runs, start
@@ -117,6 +127,7 @@ __all__ = [
     "estimate",
     "evaluate",
     "example_data",
+    "example_images",
     "export",
     "finetune",
     "get_run",
@@ -126,6 +137,7 @@ __all__ = [
     "load_ipython_extension",
     "log",
     "make_tiny_model",
+    "make_tiny_vlm",
     "panel",
     "preference_scores",
     "prepare",

@@ -9,6 +9,8 @@ parts. Neither needs torchvision (their image processors are the Pillow ones).
     python -m nbtrain.examples_vision data FILE [-n N] [--format messages|trl|alpaca]
 
 The task: a 28x28 picture of one colour, "What colour is this?", answered with the colour's name.
+``make_tiny_vlm`` imports transformers (call it from a worker or a test); the kernel-safe wrappers are
+``nbtrain.make_tiny_vlm`` and ``nbtrain.example_images``.
 """
 
 from __future__ import annotations
@@ -158,17 +160,18 @@ def image_rows(
 
 
 def write_image_dataset(path: str | Path, n: int = 120, seed: int = 0, *, fmt: str = "messages") -> Path:
-    """Write the colour task as JSON lines at ``path`` and its pictures beside it (``img/``)."""
+    """Write the colour task as JSON lines at ``path`` and its pictures beside it (``<stem>_img/``)."""
     from PIL import Image
 
     p = Path(path)
-    rows = image_rows(n, seed, fmt=fmt)
-    (p.parent / "img").mkdir(parents=True, exist_ok=True)
+    folder = f"{p.stem}_img"  # beside the file, one per file: a second dataset does not overwrite them
+    rows = image_rows(n, seed, fmt=fmt, folder=folder)
+    (p.parent / folder).mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed + 1)
     for i, row in enumerate(rows):
         colour = _answer(row)
         shade = tuple(max(0, min(255, c + rng.randint(-15, 15))) for c in COLOURS[colour])
-        Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), shade).save(p.parent / "img" / f"{i}-{colour}.png")
+        Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), shade).save(p.parent / folder / f"{i}-{colour}.png")
     with open(p, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
     return p

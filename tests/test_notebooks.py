@@ -22,6 +22,7 @@ def test_the_labs_are_all_found() -> None:
         "02_multi_gpu_deepspeed.ipynb",
         "03_preference_alignment.ipynb",
         "04_your_own_loop.ipynb",
+        "05_vision_language.ipynb",
     } <= names
 
 

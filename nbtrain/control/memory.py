@@ -613,6 +613,7 @@ class Estimate:
             "cpu_bytes": self.cpu_bytes,
             "cpu_parts": dict(self.cpu_parts),
             "total_params": self.params.total,
+            "vision_params": {"encoder": self.params.vision, "projector": self.params.projector},
             "trainable_params": self.trainable_params,
             "inputs": dict(self.inputs),
             "details": dict(self.details),
@@ -896,6 +897,16 @@ def estimate(
     notes: list[str] = []
     if pc.model_type not in KNOWN_MODEL_TYPES:
         notes.append(f"model type {pc.model_type!r} counted as a Llama-style decoder (gated MLP, RMSNorm)")
+    if pc.vision_total:
+        notes.append(
+            f"vision-language: image encoder {pc.vision:,} + projector {pc.projector:,} parameters, held "
+            f"beside the language model"
+        )
+    elif is_vision_language(model_config):
+        notes.append(
+            f"vision-language ({model_config.get('model_type')}): the image encoder and projector are not "
+            f"counted (only Qwen2-VL and LLaVA with a CLIP encoder are, exactly); the estimate is low by them"
+        )
     if not opt.exact:
         notes.append(f"optim {optim}: counted as AdamW (2 fp32 states per parameter), an upper bound")
 

@@ -328,6 +328,32 @@ def make_tiny_model(path: str | Path = "tiny-llama") -> Path:
     return out
 
 
+def make_tiny_vlm(path: str | Path = "tiny-llava", family: str = "llava") -> Path:
+    """Build a tiny vision-language model and its processor (nbtrain.examples_vision: ``llava``) in a
+    subprocess, keeping torch out of the kernel."""
+    out = Path(path).expanduser().resolve()
+    if (out / "config.json").exists():
+        return out
+    argv = [sys.executable, "-m", "nbtrain.examples_vision", "model", str(out), "--family", family]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
+    if proc.returncode != 0:
+        raise NbtrainError(f"building the tiny vision-language model failed:\n{proc.stderr[-3000:]}")
+    return out
+
+
+def example_images(
+    path: str | Path = "data/colours.jsonl", n: int = 120, *, seed: int = 0, fmt: str = "messages"
+) -> Path:
+    """Write the colour task (a picture of one colour: what colour is it?) with its images beside the file
+    (``<stem>_img/``), in the ``messages``, ``trl`` or ``alpaca`` layout. Pillow only: kernel-safe."""
+    from nbtrain.examples_vision import write_image_dataset
+
+    try:
+        return write_image_dataset(path, n, seed, fmt=fmt).resolve()
+    except ValueError as e:
+        raise NbtrainError(str(e)) from None
+
+
 def example_data(path: str | Path = "data/add.jsonl", fmt: str = "messages", n: int = 400) -> Path:
     """Write the addition dataset (the demo's data) in one of the supported formats."""
     import shutil
@@ -351,9 +377,11 @@ __all__ = [
     "Prepared",
     "Run",
     "example_data",
+    "example_images",
     "get_run",
     "last_run",
     "make_tiny_model",
+    "make_tiny_vlm",
     "prepare",
     "runs",
     "start",

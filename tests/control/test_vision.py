@@ -41,14 +41,14 @@ def test_a_corrupt_image_in_row_3_is_refused_by_row_and_file_before_a_run_dir_ex
     vision_workdir: Path,
 ) -> None:
     os.chdir(vision_workdir)
-    third = sorted((vision_workdir / "data" / "img").glob("2-*.png"))[0]
+    third = sorted((vision_workdir / "data" / "colours_img").glob("2-*.png"))[0]
     third.write_bytes(b"\x89PNG\r\n\x1a\n not really")
     with pytest.raises(ConfigError) as e:
         nbtrain.finetune(vision_yaml(), name="corrupt")
     text = str(e.value)
-    assert "row 3" in text and f"img/{third.name}" in text and "not a readable image" in text
+    assert "row 3" in text and f"colours_img/{third.name}" in text and "not a readable image" in text
     third.unlink()
-    with pytest.raises(ConfigError, match=rf"row 3: the image img/{third.name} is not there"):
+    with pytest.raises(ConfigError, match=rf"row 3: the image colours_img/{third.name} is not there"):
         nbtrain.prepare(vision_yaml())
     assert not (vision_workdir / "nbtrain_runs").exists() or not any(
         (vision_workdir / "nbtrain_runs").iterdir()

@@ -87,7 +87,7 @@ def test_the_adapter_and_processor_load_with_peft_and_answer_from_an_image(
         )
     assert right >= 4, right  # of 6 colours (chance: 1)
     # the same through the run's own generate process, with images from files
-    files = sorted((vision_work / "data" / "img").glob("*.png"))[:8]
+    files = sorted((vision_work / "data" / "colours_img").glob("*.png"))[:8]
     replies = lora_run.generate([QUESTION] * 8, images=files, max_new_tokens=3)
     assert sum(r.strip() == f.stem.split("-")[1] for r, f in zip(replies, files, strict=True)) >= 6, replies
 
@@ -99,7 +99,7 @@ def test_the_server_answers_an_image_url_request_from_the_openai_client(
 
     from nbtrain.control.serve import data_uri
 
-    image = sorted((vision_work / "data" / "img").glob("*-blue.png"))[0]
+    image = sorted((vision_work / "data" / "colours_img").glob("*-blue.png"))[0]
     handle = lora_run.serve()
     try:
         client = OpenAI(base_url=handle.url, api_key=handle.api_key)
