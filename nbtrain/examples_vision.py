@@ -133,7 +133,8 @@ def image_rows(
 ) -> list[dict[str, Any]]:
     """Rows of the colour task naming images ``folder/<i>-<colour>.png`` (relative paths), in one of the
     layouts nbtrain reads: ``messages`` (image parts with a path), ``trl`` (an images column and
-    ``{"type": "image"}`` parts) or ``alpaca`` (an image column)."""
+    ``{"type": "image"}`` parts), ``alpaca`` (an image column) or ``preference`` (DPO pairs: the colour
+    chosen over another)."""
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     for i in range(n):
@@ -154,8 +155,14 @@ def image_rows(
             rows.append({"images": [image], "messages": turns})
         elif fmt == "alpaca":
             rows.append({"image": image, "instruction": QUESTION, "output": colour})
+        elif fmt == "preference":  # DPO: the right colour over another one
+            wrong = rng.choice([c for c in COLOURS if c != colour])
+            prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+            chosen = [{"role": "assistant", "content": colour}]
+            rows.append({"images": [image], "prompt": prompt, "chosen": chosen,
+                         "rejected": [{"role": "assistant", "content": wrong}]})  # fmt: skip
         else:
-            raise ValueError(f"format is messages, trl or alpaca, not {fmt!r}")
+            raise ValueError(f"format is messages, trl, alpaca or preference, not {fmt!r}")
     return rows
 
 
@@ -180,6 +187,8 @@ def write_image_dataset(path: str | Path, n: int = 120, seed: int = 0, *, fmt: s
 def _answer(row: dict[str, Any]) -> str:
     if "output" in row:
         return str(row["output"])
+    if "chosen" in row:
+        return str(row["chosen"][0]["content"])
     content = row["messages"][-1]["content"]
     return str(content if isinstance(content, str) else content[0]["text"])
 
@@ -194,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("data", help="write the colour dataset and its images")
     d.add_argument("file")
     d.add_argument("-n", type=int, default=120)
-    d.add_argument("--format", default="messages", choices=["messages", "trl", "alpaca"])
+    d.add_argument("--format", default="messages", choices=["messages", "trl", "alpaca", "preference"])
     args = ap.parse_args(argv)
     if args.what == "model":
         print(make_tiny_vlm(args.dir, args.family))

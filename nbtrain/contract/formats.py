@@ -206,10 +206,10 @@ def to_example(row: Mapping[str, Any], fmt: str, *, vision: bool | None = False)
     example = _to_example(flat, fmt)
     if not with_images:
         return example
-    if "messages" not in example:
+    if "text" in example:
         raise RowError(
             f"{fmt} rows cannot hold images; a vision-language model trains on conversations (messages, "
-            f"alpaca or sharegpt rows)"
+            f"alpaca or sharegpt rows) or preference pairs"
         )
     try:
         return to_parts(example, refs, leading)

@@ -145,25 +145,36 @@ def has_images(row: Mapping[str, Any]) -> bool:
 
 
 def to_parts(example: Mapping[str, Any], images: list[Any], leading: int) -> dict[str, Any]:
-    """A normalised conversational example (``{"messages": [...]}``, contents as text with ``<image>``)
-    in TRL's vision layout; the first ``leading`` images go before the first user turn's text."""
-    messages = []
-    first_user = True
-    for m in example["messages"]:
-        parts: list[dict[str, Any]] = []
-        if leading and first_user and m["role"] == "user":
-            parts += [{"type": "image", "text": None}] * leading
-            first_user = False
-        pieces = str(m["content"]).split(PLACEHOLDER)
-        for j, piece in enumerate(pieces):
-            if j:
-                parts.append({"type": "image", "text": None})
-            if piece:
-                parts.append({"type": "text", "text": piece})
-        messages.append({"role": m["role"], "content": parts})
-    if leading and first_user:
-        raise ImageRowError("it has images but no user turn to show them in")
-    return {"messages": messages, "images": list(images)}
+    """A normalised example (``messages``, or preference ``prompt``/``chosen``/``rejected``; contents as
+    text with ``<image>``) in TRL's vision layout: every turn's content as parts, a plain-string prompt or
+    answer as one user or assistant turn; the first ``leading`` images go before the first user turn's
+    text."""
+    out: dict[str, Any] = {k: v for k, v in example.items() if k not in _MESSAGE_KEYS}
+    for key in _MESSAGE_KEYS:
+        if key not in example:
+            continue
+        turns = example[key]
+        if isinstance(turns, str):  # a preference row's plain strings
+            turns = [{"role": "user" if key == "prompt" else "assistant", "content": turns}]
+        out[key] = [{"role": m["role"], "content": _parts(str(m["content"]))} for m in turns]
+        if leading and key in ("messages", "prompt"):
+            first_user = next((m for m in out[key] if m["role"] == "user"), None)
+            if first_user is None:
+                raise ImageRowError("it has images but no user turn to show them in")
+            first_user["content"][:0] = [{"type": "image", "text": None}] * leading
+            leading = 0
+    out["images"] = list(images)
+    return out
+
+
+def _parts(text: str) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    for j, piece in enumerate(text.split(PLACEHOLDER)):
+        if j:
+            parts.append({"type": "image", "text": None})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
 
 
 def describe(ref: Any) -> str:

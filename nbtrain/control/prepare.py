@@ -196,6 +196,10 @@ def hub_model_check(res: Resolved) -> str | None:
         raise problems_error(res.text, [(("model",), str(e))]) from None
 
 
+# What TRL trains a vision-language model with (its vision collators): SFT and DPO; the others refused.
+VISION_OBJECTIVES = ("sft", "dpo")
+
+
 def vision_check(res: Resolved) -> None:
     """A vision-language model (its config.json nests a vision_config) gets ``vision:`` filled in; images
     in the data of a text model, ``vision:`` for one, or an objective other than SFT on images are
@@ -219,10 +223,11 @@ def vision_check(res: Resolved) -> None:
                 f"...) or data without images"
             )))  # fmt: skip
     else:
-        if cfg.objective != "sft":
+        if cfg.objective not in VISION_OBJECTIVES:
             problems.append((("objective",), (
                 f"objective: {cfg.objective} on a vision-language model is not supported by nbtrain yet; "
-                f"objective: sft trains it on image+text conversations"
+                f"objective: sft trains it on image+text conversations, objective: dpo on image preference "
+                f"pairs"
             )))  # fmt: skip
         if res.train_data.format == "text":
             problems.append((("data", "train"), (

@@ -168,18 +168,23 @@ def convert(
     remove = [] if fmt == "prompt" else columns
     kwargs: dict[str, Any] = {} if is_streaming(ds) else {"desc": None}
     if vision:
-        kwargs["features"] = vision_features()
+        kwargs["features"] = vision_features(fmt)
     return ds.map(one, with_indices=True, remove_columns=remove, **kwargs), fmt
 
 
-def vision_features() -> Any:
-    """The columns of a vision-language run's rows: content parts, and the images as ``datasets.Image``
-    (stored as path or bytes; decoded when a batch is collated)."""
+def vision_features(fmt: str) -> Any:
+    """The columns of a vision-language run's rows: turns of content parts (``messages``, or a preference
+    row's ``prompt``/``chosen``/``rejected``), and the images as ``datasets.Image`` (stored as path or
+    bytes; decoded when a batch is collated)."""
     import datasets
 
     part = {"type": datasets.Value("string"), "text": datasets.Value("string")}
-    message = {"role": datasets.Value("string"), "content": datasets.List(part)}
-    return datasets.Features({"messages": datasets.List(message), "images": datasets.List(datasets.Image())})
+    turns = datasets.List({"role": datasets.Value("string"), "content": datasets.List(part)})
+    keys = {"preference": ("prompt", "chosen", "rejected"), "unpaired": ("prompt", "completion")}
+    columns: dict[str, Any] = {k: turns for k in keys.get(fmt, ("messages",))}
+    if fmt == "unpaired":
+        columns["label"] = datasets.Value("bool")
+    return datasets.Features({**columns, "images": datasets.List(datasets.Image())})
 
 
 # An image a row names by URL is fetched once, while the rows are prepared; larger ones are refused.

@@ -70,5 +70,7 @@ def test_images_for_a_text_model_and_vision_settings_for_one_are_refused(
             vision_yaml("plain.jsonl", "vision: {freeze: encoder}\n").replace("./tiny-llava", str(tiny_model))
         )
     (vision_workdir / "pairs.jsonl").write_text('{"prompt": "hi", "chosen": "yo", "rejected": "no"}\n')
-    with pytest.raises(ConfigError, match="objective: dpo on a vision-language model"):
-        nbtrain.prepare(vision_yaml("pairs.jsonl").replace("method: lora", "method: lora\nobjective: dpo"))
+    with pytest.raises(
+        ConfigError, match=r"objective: orpo on a vision-language model .* objective: dpo on image"
+    ):
+        nbtrain.prepare(vision_yaml("pairs.jsonl").replace("method: lora", "method: lora\nobjective: orpo"))

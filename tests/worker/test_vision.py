@@ -149,3 +149,22 @@ def test_qlora_trains_the_language_model_in_4_bit_and_leaves_the_encoder_whole(
     got = losses(run)
     assert got[-1] < got[0], got
     assert "base weights loaded in 4-bit" in run.logs(400)
+
+
+def test_dpo_on_image_preference_pairs_prefers_the_right_colour(vision_work: Path, tiny_vlm: Path) -> None:
+    pairs = write_image_dataset(vision_work / "pairs" / "pairs.jsonl", n=48, fmt="preference")
+    run = nbtrain.finetune(
+        f"""\
+model: {tiny_vlm}
+method: lora
+objective: dpo
+data: {{train: {pairs}}}
+lora: {{r: 8, alpha: 16, dropout: 0.0}}
+train: {{max_steps: 12, learning_rate: 1.0e-2, per_device_train_batch_size: 4, logging_steps: 4,
+         gradient_checkpointing: false}}
+""",
+        name="colours-dpo",
+    )
+    assert run.wait(timeout=600).state == "completed", run.logs(60)
+    rows = [r for r in read_jsonl(run.paths.metrics) if "loss" in r]
+    assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1]["rewards/accuracies"] > 0.5, rows

@@ -29,7 +29,8 @@ class PreferenceRecipe(Recipe):
         if ready is None:
             return  # a stop came during setup: train() records it
         model = load_model(run.cfg, run.plan, run.args, attach_lora=False)  # the trainer attaches it
-        self.make_trainer(trl_class(objective.trainer_class), model, ready, peft_config=lora_config(run.cfg))
+        peft = lora_config(run.cfg, model)  # a vision-language model's: its language model's layers
+        self.make_trainer(trl_class(objective.trainer_class), model, ready, peft_config=peft)
         self.report_reference()
 
     def reference(self) -> str:
