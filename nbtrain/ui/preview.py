@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,13 @@ PRE = "white-space:pre-wrap;margin:0;font-family:monospace;font-size:12px"
 MASKED_STYLE = "color:#9e9e9e;text-decoration:line-through"
 MASK_OPEN, MASK_CLOSE = "‹", "›"  # plain-text markers around masked (not trained) text
 CLIP = 4000  # characters per example, so one huge row cannot flood the notebook
+IMAGE_RUN = re.compile(r"\[image: (\d+) tokens\]")  # the worker's run of image tokens (jobs/preview.py)
+CHIP_STYLE = "border:1px solid #9bb8c4;border-radius:3px;padding:0 4px;color:#2f5d6e;background:#eef5f8"
+# an example's images beside its text (tiny pictures shown crisp, not blurred)
+THUMB_STYLE = (
+    "width:64px;height:64px;object-fit:contain;border:1px solid #ccc;border-radius:3px;margin:0 8px 4px 0;"
+    "image-rendering:pixelated;display:block"
+)
 
 
 def segments_html(segments: Iterable[Sequence[Any]], mark: bool = True) -> str:
@@ -30,6 +38,12 @@ def segments_html(segments: Iterable[Sequence[Any]], mark: bool = True) -> str:
     out = []
     for text, trained in segments:
         t = html.escape(str(text))
+        image = IMAGE_RUN.fullmatch(str(text))
+        if image:  # a vision-language model's image tokens: one chip, not struck-through text
+            out.append(
+                f"<span class='nbtrain-image-tokens' style='{CHIP_STYLE}'>image · {image[1]} tokens</span>"
+            )
+            continue
         if not mark:
             out.append(t)
         elif trained:
@@ -92,7 +106,9 @@ def preview_text(p: Mapping[str, Any]) -> str:
     lines = [_setup_line(p), f"{MASK_OPEN}…{MASK_CLOSE} = masked (no loss)", ""]
     for ex in p["examples"]:
         cut = f", {ex['cut']} cut by max_length" if ex["cut"] else ""
-        lines.append(f"--- example {ex['index']}: {ex['tokens']} tokens, {ex['trained']} trained{cut}")
+        lines.append(
+            f"--- example {ex['index']}: {ex['tokens']} tokens, {ex['trained']} trained{cut}{_images(ex)}"
+        )
         lines.append(_clip(segments_text(ex["segments"])))
     lines += ["", _stats_line(p)]
     return "\n".join(lines)
@@ -106,15 +122,36 @@ def preview_html(p: Mapping[str, Any]) -> str:
     ]
     for ex in p["examples"]:
         cut = f", {ex['cut']} cut by max_length" if ex["cut"] else ""
+        thumbs = "".join(
+            f"<img src='{html.escape(uri)}' alt='image {j + 1} of example {ex['index']}' "
+            f"style='{THUMB_STYLE}'>"
+            for j, uri in enumerate(ex.get("images") or [])
+            if str(uri).startswith("data:image/")
+        )
+        text = (
+            f"<pre style='{PRE};background:#f6f6f6;padding:4px;flex:1'>"
+            f"{segments_html([(_clip(str(t)), tr) for t, tr in ex['segments']])}</pre>"
+        )
+        body = (
+            f"<div style='display:flex;align-items:flex-start'><div>{thumbs}</div>{text}</div>"
+            if thumbs
+            else text
+        )
         parts.append(
             "<div style='border-left:3px solid #bbb;padding-left:8px;margin:6px 0'>"
             f"<div><b>example {ex['index']}</b> <small>{ex['tokens']} tokens, {ex['trained']} trained"
-            f"{html.escape(cut)}</small></div>"
-            f"<pre style='{PRE};background:#f6f6f6;padding:4px'>"
-            f"{segments_html([(_clip(str(t)), tr) for t, tr in ex['segments']])}</pre></div>"
+            f"{html.escape(cut + _images(ex))}</small></div>{body}</div>"
         )
     parts.append(f"<div><small>{html.escape(_stats_line(p))}</small></div></div>")
     return "".join(parts)
+
+
+def _images(ex: Mapping[str, Any]) -> str:
+    """ ", 1 image (64 image tokens)" for an example of a vision-language run; "" otherwise."""
+    if "image_tokens" not in ex:
+        return ""
+    n = len(ex.get("images") or [])
+    return f", {n} image{'s' if n != 1 else ''} ({ex['image_tokens']} image tokens)"
 
 
 def _tallest(lengths: Sequence[int], size: int) -> int:

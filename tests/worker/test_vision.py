@@ -168,3 +168,16 @@ train: {{max_steps: 12, learning_rate: 1.0e-2, per_device_train_batch_size: 4, l
     assert run.wait(timeout=600).state == "completed", run.logs(60)
     rows = [r for r in read_jsonl(run.paths.metrics) if "loss" in r]
     assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1]["rewards/accuracies"] > 0.5, rows
+
+
+def test_preview_shows_each_rows_images_its_image_tokens_and_what_is_trained(
+    vision_work: Path, tiny_vlm: Path
+) -> None:
+    p = nbtrain.preview(vision_config(tiny_vlm, vision_work), n=2, stats_rows=16)
+    ex = p.examples[0]
+    assert ex["image_tokens"] == 4 and len(ex["images"]) == 1 and ex["images"][0].startswith("data:image/png")
+    assert ("[image: 4 tokens]", False) in [tuple(s) for s in ex["segments"]]
+    trained = "".join(t for t, tr in ex["segments"] if tr)
+    assert trained.strip().removesuffix("</s>") in COLOURS  # assistant_only_loss: the answer alone
+    html = p._repr_html_()
+    assert "<img src='data:image/png;base64," in html and "image · 4 tokens" in html

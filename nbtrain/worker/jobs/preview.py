@@ -31,18 +31,77 @@ def _percentile(sorted_values: list[int], q: float) -> int:
     return sorted_values[k]
 
 
-def segments(tok: Any, input_ids: list[int], labels: list[int]) -> list[tuple[str, bool]]:
-    """The sequence as (text, trained) runs: consecutive tokens with the same mask decoded together."""
+def segments(
+    tok: Any, input_ids: list[int], labels: list[int], image_token: int | None = None
+) -> list[tuple[str, bool]]:
+    """The sequence as (text, trained) runs: consecutive tokens with the same mask decoded together; a
+    run of a vision-language model's image tokens is one "[image: N tokens]" run."""
+
+    def kind(i: int) -> tuple[bool, bool]:
+        return labels[i] != IGNORE, input_ids[i] == image_token
+
     out: list[tuple[str, bool]] = []
     start = 0
     for i in range(1, len(input_ids) + 1):
-        if i == len(input_ids) or (labels[i] != IGNORE) != (labels[start] != IGNORE):
-            text = tok.decode(
-                input_ids[start:i], skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
+        if i == len(input_ids) or kind(i) != kind(start):
+            if input_ids[start] == image_token:
+                text = f"[image: {i - start} tokens]"
+            else:
+                text = tok.decode(
+                    input_ids[start:i], skip_special_tokens=False, clean_up_tokenization_spaces=False
+                )
             out.append((text, labels[start] != IGNORE))
             start = i
     return out
+
+
+# Collating images is slower than tokenising text: a vision-language preview measures fewer rows.
+VISION_STATS_ROWS = 200
+THUMBNAIL = 96  # pixels, the longer side of an image shown beside its row
+
+
+def vision_tokenised(
+    resolved: dict[str, Any], processor: Any, rows: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The first ``rows`` examples of a vision-language run as TRL's vision collator prepares each batch
+    (chat template, image tokens, ``assistant_only_loss`` masks), one row at a time, untruncated; each with
+    its images as thumbnails (data: URIs)."""
+    import base64
+    import io
+
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    from nbtrain.worker.data import load_train
+
+    cfg, args = resolved["config"], dict(resolved["train_args"])
+    train, fmt, described = load_train(cfg, resolved["data"], "sft", int(args.get("seed", 42)), limit=rows)
+    collate = DataCollatorForVisionLanguageModeling(
+        processor, max_length=None, assistant_only_loss=bool(args.get("assistant_only_loss"))
+    )
+    out = []
+    for row in train:
+        batch = collate([row if row["images"] else {**row, "images": None}])
+        thumbs = []
+        for image in row["images"]:
+            small = image.convert("RGB")
+            small.thumbnail((THUMBNAIL, THUMBNAIL))
+            buf = io.BytesIO()
+            small.save(buf, format="PNG")
+            thumbs.append("data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii"))
+        mask = batch["attention_mask"][0].bool()
+        out.append({
+            "input_ids": batch["input_ids"][0][mask].tolist(), "labels": batch["labels"][0][mask].tolist(),
+            "images": thumbs,
+        })  # fmt: skip
+    facts = {
+        "format": fmt, "sources": described, "streaming": bool(cfg["data"].get("streaming")),
+        "assistant_only_loss": bool(args.get("assistant_only_loss")), "completion_only_loss": False,
+        "packing": False, "packing_strategy": None, "padding_free": False,
+        "max_length": args.get("max_length"), "truncation_mode": "keep_start",
+        "per_device_train_batch_size": args.get("per_device_train_batch_size", 8),
+        "chat_template": "the processor's", "vision": True,
+    }  # fmt: skip
+    return out, facts
 
 
 def tokenised(resolved: dict[str, Any], tok: Any, rows: int, out_dir: str) -> tuple[Any, dict[str, Any]]:
@@ -100,7 +159,7 @@ def tokenised(resolved: dict[str, Any], tok: Any, rows: int, out_dir: str) -> tu
 
 
 def preview(resolved: dict[str, Any], n: int = 5, stats_rows: int = 2000) -> dict[str, Any]:
-    from nbtrain.worker.model import load_tokenizer
+    from nbtrain.worker.model import is_vision, load_tokenizer
 
     cfg = resolved["config"]
     objective = cfg.get("objective", "sft")
@@ -108,9 +167,15 @@ def preview(resolved: dict[str, Any], n: int = 5, stats_rows: int = 2000) -> dic
         raise SystemExit(
             f"nbtrain preview: the token preview covers objective: sft; this run is objective: {objective}"
         )
-    tok = load_tokenizer(cfg)
+    tok = load_tokenizer(cfg)  # a vision-language model's processor
+    image_token = getattr(tok, "image_token_id", None) if is_vision(cfg) else None
+    if is_vision(cfg):
+        stats_rows = min(stats_rows, VISION_STATS_ROWS)
     with tempfile.TemporaryDirectory() as tmp:
-        ds, facts = tokenised(resolved, tok, max(n, stats_rows), tmp)
+        if is_vision(cfg):
+            ds, facts = vision_tokenised(resolved, tok, max(n, stats_rows))
+        else:
+            ds, facts = tokenised(resolved, tok, max(n, stats_rows), tmp)
         max_length = facts["max_length"]
         examples, lengths, trained_total = [], [], 0
         for i, ex in enumerate(ds):
@@ -129,7 +194,12 @@ def preview(resolved: dict[str, Any], n: int = 5, stats_rows: int = 2000) -> dic
                         "tokens": len(ids),
                         "trained": sum(1 for x in labels_seen if x != IGNORE),
                         "cut": len(ids) - keep,
-                        "segments": segments(tok, ids_seen, labels_seen),
+                        "segments": segments(tok, ids_seen, labels_seen, image_token),
+                        **(
+                            {"images": ex["images"], "image_tokens": ids.count(image_token)}
+                            if image_token is not None
+                            else {}
+                        ),
                     }
                 )
     ordered = sorted(lengths)
