@@ -222,6 +222,42 @@ def is_vision_language(model_config: Mapping[str, Any]) -> bool:
     return isinstance(model_config.get("vision_config"), Mapping)
 
 
+def tokens_per_image(model_config: Mapping[str, Any], model_dir: str | Path | None = None) -> int | None:
+    """How many tokens one image becomes in the language model's sequence, at most: from the image
+    processor's settings saved beside a local model (Qwen2-VL's max_pixels) or the model's config (a
+    CLIP encoder's patches, or the count some configs state); None when neither says."""
+    mtype = model_config.get("model_type")
+    vc = model_config.get("vision_config")
+    pre: dict[str, Any] = {}
+    if model_dir is not None:
+        for name in ("preprocessor_config.json", "processor_config.json"):
+            try:
+                data = json.loads((Path(model_dir) / name).read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                pre = (
+                    data.get("image_processor", data)
+                    if isinstance(data.get("image_processor"), dict)
+                    else data
+                )
+                break
+    if mtype == "qwen2_vl" and isinstance(vc, Mapping):
+        v = {**_QWEN2_VL_VISION, **vc}
+        size: dict[str, Any] = pre["size"] if isinstance(pre.get("size"), dict) else {}
+        most = pre.get("max_pixels") or size.get("longest_edge") or 12_845_056  # Qwen2-VL's default
+        return max(1, int(most) // (int(v["patch_size"]) * int(v["spatial_merge_size"])) ** 2)
+    if mtype == "llava" and isinstance(vc, Mapping):
+        v = {**_CLIP_VISION, **vc}
+        patches = (int(v["image_size"]) // int(v["patch_size"])) ** 2
+        return patches + (1 if model_config.get("vision_feature_select_strategy") == "full" else 0)
+    for key in ("mm_tokens_per_image", "image_seq_len", "image_seq_length"):
+        value = model_config.get(key, pre.get(key))
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def count_vision_parameters(model_config: Mapping[str, Any]) -> tuple[int, int] | None:
     """(vision encoder, projector) parameters of a vision-language model from its config alone, for the
     families counted exactly (Qwen2-VL; LLaVA with a CLIP encoder); None for a text model or another

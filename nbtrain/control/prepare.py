@@ -37,6 +37,7 @@ from nbtrain.control.memory import (
     count_vision_parameters,
     is_vision_language,
     load_model_config,
+    tokens_per_image,
 )
 from nbtrain.control.plan.distributed import deepspeed_config
 from nbtrain.control.plan.estimates import compare_table, request_for
@@ -234,13 +235,24 @@ def vision_check(res: Resolved) -> None:
                 "plain text rows cannot train a vision-language model here; give conversations (messages, "
                 "alpaca or sharegpt rows, with or without images)"
             )))  # fmt: skip
-        if cfg.vision is None:
-            res.config = cfg.model_copy(update={"vision": VisionSettings()})
+        vision = cfg.vision or VisionSettings.model_validate({})
+        if vision.images_per_row is None:
+            most = max((s.images_per_row for s in res.train_sources), default=0)
+            vision = vision.model_copy(update={"images_per_row": most})
+        if vision.image_tokens is None:
+            local = res.model_kind == "local"
+            per_image = tokens_per_image(mc, cfg.model if local else None)
+            vision = vision.model_copy(update={"image_tokens": per_image})
+        res.config = cfg.model_copy(update={"vision": vision})
         encoder, projector = count_vision_parameters(mc) or (0, 0)
         counted = f"{encoder:,} + {projector:,} parameters" if encoder else "parameters not counted"
+        tokens = (
+            f"{vision.image_tokens} tokens per image" if vision.image_tokens else "tokens per image unknown"
+        )
         res.notes.append(
             f"model: vision-language ({mc.get('model_type')}; image encoder + projector: {counted}), "
-            f"{images} image(s) in the rows looked at; frozen: {res.config.vision.freeze}"  # type: ignore[union-attr]
+            f"{images} image(s) in the rows looked at (at most {vision.images_per_row} per row, {tokens}); "
+            f"frozen: {vision.freeze}"
         )
     if problems:
         raise problems_error(res.text, problems)

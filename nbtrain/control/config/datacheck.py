@@ -43,6 +43,7 @@ class DataSource:
     columns: dict[str, str] | None = None
     data_files: str | list[str] | None = None  # a hub dataset: which of its files
     images: int = 0  # images the sampled rows name (a vision-language model's data)
+    images_per_row: int = 0  # the most one sampled row names
 
 
 class DataProblem(ValueError):
@@ -227,7 +228,7 @@ def inspect_data(
     resolved, problem = check_rows(rows, fmt, objective, columns)
     if problem:
         raise DataProblem(f"{path.name}: {problem}")
-    images = check_images(rows, resolved, columns, path.parent if kind != "disk" else path, path.name)
+    images, most = check_images(rows, resolved, columns, path.parent if kind != "disk" else path, path.name)
     if resolved == "unpaired" and len(rows) < SAMPLE_ROWS:
         # Only when the whole file was read: a sample of a sorted file can hold one label by chance.
         only = _one_sided_labels(rows, columns)
@@ -236,7 +237,7 @@ def inspect_data(
                 f"{path.name}: all {len(rows)} rows have label {str(only).lower()}; KTO learns from both "
                 f"desirable (label: true) and undesirable (label: false) completions"
             )
-    return DataSource(spec, str(path), kind, resolved, len(rows), images=images)
+    return DataSource(spec, str(path), kind, resolved, len(rows), images=images, images_per_row=most)
 
 
 # The images the kernel opens before a run starts (the first rows' ones); the worker opens every one.
@@ -245,16 +246,17 @@ CHECK_IMAGES = 64
 
 def check_images(
     rows: list[tuple[int, Any]], fmt: str, columns: dict[str, str] | None, base: Path, name: str
-) -> int:
-    """How many images the sampled rows name; the first CHECK_IMAGES are opened with Pillow, and one that
-    is missing or cannot be decoded is a DataProblem naming its row and file. URLs are fetched by the
-    worker, not here."""
-    found = opened = 0
+) -> tuple[int, int]:
+    """(how many images the sampled rows name, the most in one row); the first CHECK_IMAGES are opened
+    with Pillow, and one that is missing or cannot be decoded is a DataProblem naming its row and file.
+    URLs are fetched by the worker, not here."""
+    found = opened = most = 0
     for n, row in rows:
         if not (isinstance(row, dict) and has_images(apply_columns(row, columns))):
             continue
         refs = to_example(apply_columns(row, columns), fmt, vision=True)["images"]
         found += len(refs)
+        most = max(most, len(refs))
         for ref in refs:
             if opened >= CHECK_IMAGES:
                 continue
@@ -264,7 +266,7 @@ def check_images(
                 raise DataProblem(
                     f"{name}: row {n}: the image {describe(ref)} {problem}; fix or remove the row"
                 )
-    return found
+    return found, most
 
 
 def image_problem(ref: Any, base: Path) -> str | None:
@@ -314,5 +316,14 @@ def _inspect_hub(
     resolved, problem = check_rows(sample.rows, fmt, objective, columns)
     if problem:
         raise DataProblem(f"{spec} ({sample.file}): {problem}")
-    images = check_images(sample.rows, resolved, columns, Path.cwd(), f"{spec} ({sample.file})")
-    return DataSource(spec, spec, "hub", resolved, len(sample.rows), data_files=data_files, images=images)
+    images, most = check_images(sample.rows, resolved, columns, Path.cwd(), f"{spec} ({sample.file})")
+    return DataSource(
+        spec,
+        spec,
+        "hub",
+        resolved,
+        len(sample.rows),
+        data_files=data_files,
+        images=images,
+        images_per_row=most,
+    )

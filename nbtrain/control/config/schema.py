@@ -84,6 +84,10 @@ class VisionSettings(_Strict):
     ``encoder`` trains the projector too, ``none`` the encoder as well."""
 
     freeze: Literal["encoder+projector", "encoder", "none"] = "encoder+projector"
+    # For the memory estimate: the most images one row holds (default: counted in the data's first rows)
+    # and the tokens each image becomes (default: from the model's config and image processor).
+    images_per_row: int | None = Field(None, ge=0, le=1024)
+    image_tokens: int | None = Field(None, gt=0, le=1_000_000)
 
 
 class QuantSettings(_Strict):

@@ -28,9 +28,14 @@ def request_for(
     """The training shape a validated config asks for. ``precision`` is the plan's (the config may say
     auto); ``micro_batch`` the plan's when it chose one (per_device_train_batch_size: auto)."""
     train = config.train
-    seq = train.get("max_length", 1024)
+    # TRL's default 1024; a vision run's default is none (prepare: no cut inside a row's image tokens)
+    seq = train.get("max_length", 1024 if config.vision is None else None)
     if seq is None:  # TRL: no truncation; the model's context length is the worst case
-        seq = int((model_config or {}).get("max_position_embeddings", 1024))
+        text = (model_config or {}).get("text_config") or model_config or {}
+        seq = int(text.get("max_position_embeddings", 1024))
+        v = config.vision
+        if v is not None and v.images_per_row and v.image_tokens:  # a vision run: its image tokens too
+            seq += v.images_per_row * v.image_tokens
     if micro_batch is None:
         asked = train.get("per_device_train_batch_size", 8)
         micro_batch = int(asked) if asked != "auto" else 1
