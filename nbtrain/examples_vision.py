@@ -124,8 +124,67 @@ def _llava() -> tuple[Any, Any]:
     return model, processor
 
 
+# SmolVLM's turns: "User:<image>What colour is this?<end_of_utterance>\nAssistant: red<end_of_utterance>\n"
+IDEFICS3_TEMPLATE = (
+    _RENDER.replace("IMAGE", "<image>") + "{%- for m in messages -%}"
+    "{%- if loop.first -%}<|im_start|>{%- endif -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "Assistant:{% generation %} {{ render(m['content']) }}<end_of_utterance>{% endgeneration %}{{ '\\n' }}"
+    "{%- else -%}{{ m['role'] | capitalize }}:{{ render(m['content']) }}<end_of_utterance>{{ '\\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}Assistant:{%- endif -%}"
+)
+
+
 def _idefics3() -> tuple[Any, Any]:
-    raise NotImplementedError("idefics3")
+    """A SigLIP-style encoder (patch 7: 16 patches of a 28x28 picture), pixel shuffle by 2 into 4 image
+    tokens, a linear connector and a 2-layer Llama: the Idefics3 / SmolVLM layout."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3Processor,
+        PreTrainedTokenizerFast,
+    )
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    specials = ["<pad>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>",
+                "<global-img>"]  # fmt: skip
+    lines = [f"User:{QUESTION} Assistant: {c}" for c in COLOURS for _ in range(20)] + _corpus()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_bpe(specials, 400, lines), bos_token="<|im_start|>",
+        eos_token="<end_of_utterance>", pad_token="<pad>", unk_token=None, model_max_length=512,
+        extra_special_tokens={"fake_image_token": "<fake_token_around_image>", "image_token": "<image>",
+                              "global_image_token": "<global-img>"},
+    )  # fmt: skip
+    patch, scale = 7, 2
+    images = Idefics3ImageProcessorPil(
+        size={"longest_edge": IMAGE_SIZE},
+        max_image_size={"longest_edge": IMAGE_SIZE},
+        do_image_splitting=False,
+    )
+    # image tokens per picture: (28 / 7)^2 patches, merged scale^2 at a time by the pixel shuffle
+    processor = Idefics3Processor(
+        image_processor=images, tokenizer=tok, image_seq_len=(IMAGE_SIZE // patch) ** 2 // scale**2,
+        chat_template=IDEFICS3_TEMPLATE,
+    )  # fmt: skip
+    ids: dict[str, int] = {t: int(tok.convert_tokens_to_ids(t)) for t in specials}  # type: ignore[arg-type]
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "image_size": IMAGE_SIZE, "patch_size": patch}  # fmt: skip
+    text = {"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 512, "pad_token_id": ids["<pad>"], "bos_token_id": ids["<|im_start|>"],
+            "eos_token_id": ids["<end_of_utterance>"], "tie_word_embeddings": False,
+            "initializer_range": 0.3}  # fmt: skip
+    cfg = Idefics3Config(
+        vision_config=vision, text_config=text, scale_factor=scale, image_token_id=ids["<image>"],
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    model = Idefics3ForConditionalGeneration(cfg)
+    model.generation_config.pad_token_id = ids["<pad>"]
+    model.generation_config.bos_token_id = ids["<|im_start|>"]
+    model.generation_config.eos_token_id = ids["<end_of_utterance>"]
+    return model, processor
 
 
 def image_rows(

@@ -213,6 +213,8 @@ _QWEN2_TEXT = ("qwen2", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_t
 # transformers' defaults of the vision configs counted here (config.json leaves a default out).
 _QWEN2_VL_VISION = {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4, "in_channels": 3,
                     "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+_SIGLIP_VISION = {"hidden_size": 1152, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
+                  "image_size": 224, "patch_size": 32}  # fmt: skip
 _CLIP_VISION = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
                 "image_size": 224, "patch_size": 32}  # fmt: skip
 
@@ -229,19 +231,15 @@ def tokens_per_image(model_config: Mapping[str, Any], model_dir: str | Path | No
     mtype = model_config.get("model_type")
     vc = model_config.get("vision_config")
     pre: dict[str, Any] = {}
-    if model_dir is not None:
-        for name in ("preprocessor_config.json", "processor_config.json"):
+    if model_dir is not None:  # the image processor's settings, and the processor's (image_seq_len)
+        for name in ("processor_config.json", "preprocessor_config.json"):
             try:
                 data = json.loads((Path(model_dir) / name).read_text())
             except (OSError, ValueError):
                 continue
             if isinstance(data, dict):
-                pre = (
-                    data.get("image_processor", data)
-                    if isinstance(data.get("image_processor"), dict)
-                    else data
-                )
-                break
+                inner = data.get("image_processor")
+                pre = {**pre, **data, **(inner if isinstance(inner, dict) else {})}
     if mtype == "qwen2_vl" and isinstance(vc, Mapping):
         v = {**_QWEN2_VL_VISION, **vc}
         size: dict[str, Any] = pre["size"] if isinstance(pre.get("size"), dict) else {}
@@ -255,13 +253,17 @@ def tokens_per_image(model_config: Mapping[str, Any], model_dir: str | Path | No
         value = model_config.get(key, pre.get(key))
         if isinstance(value, int) and value > 0:
             return value
+    if mtype == "idefics3" and isinstance(vc, Mapping):  # patches, merged scale_factor^2 at a time
+        v = {**_SIGLIP_VISION, **vc}
+        patches = (int(v["image_size"]) // int(v["patch_size"])) ** 2
+        return max(1, patches // int(model_config.get("scale_factor", 2)) ** 2)
     return None
 
 
 def count_vision_parameters(model_config: Mapping[str, Any]) -> tuple[int, int] | None:
     """(vision encoder, projector) parameters of a vision-language model from its config alone, for the
-    families counted exactly (Qwen2-VL; LLaVA with a CLIP encoder); None for a text model or another
-    family (the estimate then says it left the vision part out)."""
+    families counted exactly (Qwen2-VL; LLaVA with a CLIP encoder; Idefics3 / SmolVLM); None for a text
+    model or another family (the estimate then says it left the vision part out)."""
     if not is_vision_language(model_config):
         return None
     mtype = model_config.get("model_type")
@@ -291,6 +293,16 @@ def count_vision_parameters(model_config: Mapping[str, Any]) -> tuple[int, int] 
             text_hidden**2 + text_hidden * bias
         )
         return encoder, projector
+    if mtype == "idefics3":  # SigLIP-style: patch conv with bias, no class token, biases everywhere
+        v = {**_SIGLIP_VISION, **vc}
+        e, inter, layers = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["num_hidden_layers"])
+        patch, size = int(v["patch_size"]), int(v["image_size"])
+        embeddings = int(v["num_channels"]) * patch * patch * e + e + (size // patch) ** 2 * e
+        layer = 4 * (e * e + e) + 4 * e + (e * inter + inter) + (inter * e + e)
+        encoder = embeddings + layers * layer + 2 * e  # post-LayerNorm
+        text_hidden = int(_text_config(model_config)["hidden_size"])
+        scale = int(model_config.get("scale_factor", 2))
+        return encoder, e * scale * scale * text_hidden  # the connector's one linear, no bias
     return None
 
 
@@ -941,7 +953,8 @@ def estimate(
     elif is_vision_language(model_config):
         notes.append(
             f"vision-language ({model_config.get('model_type')}): the image encoder and projector are not "
-            f"counted (only Qwen2-VL and LLaVA with a CLIP encoder are, exactly); the estimate is low by them"
+            f"counted (Qwen2-VL, LLaVA with a CLIP encoder and Idefics3 are, exactly); the estimate is low "
+            f"by them"
         )
     if not opt.exact:
         notes.append(f"optim {optim}: counted as AdamW (2 fp32 states per parameter), an upper bound")

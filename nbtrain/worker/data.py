@@ -187,6 +187,18 @@ def vision_features(fmt: str) -> Any:
     return datasets.Features({**columns, "images": datasets.List(datasets.Image())})
 
 
+class ImageRowsFirst:
+    """A vision collator that is handed a batch's rows with images first. TRL's collator fails on a batch
+    whose first row has no image (transformers infers each field's tensor type from the first row:
+    "Unable to convert output 'text_replacement_offsets'"); rows are independent, so the order is free."""
+
+    def __init__(self, collate: Any) -> None:
+        self.collate = collate
+
+    def __call__(self, rows: list[dict[str, Any]]) -> Any:
+        return self.collate(sorted(rows, key=lambda row: not row.get("images")))
+
+
 # An image a row names by URL is fetched once, while the rows are prepared; larger ones are refused.
 MAX_IMAGE_BYTES = 64 * 2**20
 URL_TIMEOUT = 30.0

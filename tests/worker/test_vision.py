@@ -181,3 +181,36 @@ def test_preview_shows_each_rows_images_its_image_tokens_and_what_is_trained(
     assert trained.strip().removesuffix("</s>") in COLOURS  # assistant_only_loss: the answer alone
     html = p._repr_html_()
     assert "<img src='data:image/png;base64," in html and "image · 4 tokens" in html
+
+
+def test_a_second_family_idefics3_learns_from_image_rows_mixed_with_text_rows(
+    vision_work: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import json
+
+    from transformers import AutoModelForImageTextToText
+
+    from nbtrain.examples_vision import make_tiny_vlm
+
+    model = make_tiny_vlm(tmp_path_factory.mktemp("idefics3") / "tiny-idefics3", "idefics3")
+    data = write_image_dataset(vision_work / "mixed" / "colours.jsonl", n=96)
+    text_rows = [
+        {"messages": [{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "hello"}]}
+    ]
+    with open(data, "a", encoding="utf-8") as f:  # every fifth row has no image
+        f.writelines(json.dumps(r) + "\n" for r in text_rows * 24)
+    config = vision_config(model, vision_work, steps=100).replace(
+        str(vision_work / "data" / "colours.jsonl"), str(data)
+    )
+    prep = nbtrain.prepare(config)
+    loaded = AutoModelForImageTextToText.from_pretrained(model)
+    assert prep.plan.estimate["total_params"] == sum(p.numel() for p in loaded.parameters())
+    assert prep.plan.estimate["inputs"]["seq_len"] == 512 + 4
+    run = nbtrain.finetune(config, name="colours-idefics3")
+    assert run.wait(timeout=600).state == "completed", run.logs(60)
+    got = losses(run)
+    assert got[-1] < got[0] / 2, got
+    files = sorted((data.parent / "colours_img").glob("*.png"))[:8]
+    replies = run.generate([QUESTION] * 8, images=files, max_new_tokens=3)
+    assert sum(r.strip() == f.stem.split("-")[1] for r, f in zip(replies, files, strict=True)) >= 6, replies
+    assert run.generate("Say hello", max_new_tokens=6)[0].strip() == "hello"

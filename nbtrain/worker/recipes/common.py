@@ -25,7 +25,7 @@ from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, write_status
 from nbtrain.worker.control import StopControl
-from nbtrain.worker.model import load_tokenizer, report_trainable
+from nbtrain.worker.model import is_vision, load_tokenizer, report_trainable
 
 
 class NonFiniteTraining(RuntimeError):
@@ -251,6 +251,10 @@ class Recipe:
             callbacks=[self.callback],
             **objective,
         )
+        if is_vision(self.run.cfg):  # text-only rows mixed in: the collator needs an image row first
+            from nbtrain.worker.data import ImageRowsFirst
+
+            self.trainer.data_collator = ImageRowsFirst(self.trainer.data_collator)
 
     def report_reference(self) -> None:
         """The log lines of a trainer that attached the adapter itself (``peft_config``): the trainable
