@@ -214,3 +214,51 @@ def test_a_second_family_idefics3_learns_from_image_rows_mixed_with_text_rows(
     replies = run.generate([QUESTION] * 8, images=files, max_new_tokens=3)
     assert sum(r.strip() == f.stem.split("-")[1] for r, f in zip(replies, files, strict=True)) >= 6, replies
     assert run.generate("Say hello", max_new_tokens=6)[0].strip() == "hello"
+
+
+def test_finetune_cells_train_lora_and_qlora_on_image_rows_in_a_real_kernel(
+    vision_work: Path, tiny_vlm: Path, tmp_path: Path
+) -> None:
+    from tests.notebook import execute, text_of
+
+    data = write_image_dataset(tmp_path / "data" / "colours.jsonl", n=24)
+    body = f"""model: {tiny_vlm}
+data: {{train: {data}}}
+train: {{max_steps: 4, per_device_train_batch_size: 4, gradient_checkpointing: false}}"""
+    nb = execute(
+        [
+            "%load_ext nbtrain",
+            f"%%finetune --name cell-lora\nmethod: lora\n{body}",
+            f"%%finetune --name cell-qlora\nmethod: qlora\n{body}",
+            "%finetune wait cell-lora\n%finetune wait cell-qlora",
+            "import nbtrain\nprint([nbtrain.get_run(n).status().state for n in ('cell-lora', 'cell-qlora')])",
+        ],
+        tmp_path,
+        timeout=600,
+    )
+    assert text_of(nb.cells[4]).strip() == "['completed', 'completed']", [text_of(c) for c in nb.cells]
+
+
+def test_a_saved_dataset_with_an_image_feature_trains_as_a_hub_one_would(
+    vision_work: Path, tiny_vlm: Path, tmp_path: Path
+) -> None:
+    import datasets
+    from PIL import Image
+
+    ask = [{"type": "image", "text": None}, {"type": "text", "text": QUESTION}]
+    rows = [
+        {"images": [Image.new("RGB", (28, 28), rgb)],
+         "messages": [{"role": "user", "content": ask},
+                      {"role": "assistant", "content": [{"type": "text", "text": c}]}]}
+        for c, rgb in COLOURS.items()
+    ] * 4  # fmt: skip
+    ds = datasets.Dataset.from_list(rows).cast_column("images", datasets.List(datasets.Image()))
+    ds.save_to_disk(str(tmp_path / "colours-ds"))
+    jsonl = f"{{train: {vision_work / 'data' / 'colours.jsonl'}, eval_split: 8}}"
+    config = vision_config(tiny_vlm, vision_work, steps=2).replace(
+        jsonl, f"{{train: {tmp_path / 'colours-ds'}}}"
+    )
+    prep = nbtrain.prepare(config, name="from-disk")
+    assert prep.resolved.config.vision is not None and prep.resolved.train_data.images == 24
+    run = nbtrain.start(prep)
+    assert run.wait(timeout=600).state == "completed", run.logs(60)
