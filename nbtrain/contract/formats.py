@@ -44,6 +44,8 @@ CANONICAL_COLUMNS = {
     "input": "an alpaca input",
     "output": "an alpaca output",
     "system": "a system prompt",
+    "images": "the row's images (paths, URLs, base64, or an Image column) for a vision-language model",
+    "image": "the row's one image",
 }
 
 _SHAREGPT_ROLES = {

@@ -63,7 +63,7 @@ from nbtrain.control.hub import cache_dir as hub_cache_dir
 from nbtrain.control.prepare import validate as validate_config
 from nbtrain.control.runs.follow import FollowStopped, follow
 from nbtrain.control.runs.run import Run, get_run
-from nbtrain.ui.preview import segments_html
+from nbtrain.ui.preview import CHIP_STYLE, THUMB_STYLE, segments_html
 
 if TYPE_CHECKING:
     from nbtrain.ui.dashboard import Dashboard
@@ -629,6 +629,7 @@ class PreviewRow:
     error: str | None = None
     segments: list[tuple[str, bool]] | None = None  # the chat template's rendering
     template_error: str | None = None
+    thumbnails: list[str] = field(default_factory=list)  # the row's images (data: URIs), when it has some
 
 
 @dataclass
@@ -699,9 +700,11 @@ def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
             item.error = "matches no known format"
         else:
             try:
-                item.example = to_example(row, use)
+                item.example = to_example(row, use, vision=None)  # image rows as a vision model sees them
             except RowError as e:
                 item.error = str(e)
+            if item.example and item.example.get("images"):
+                item.thumbnails = thumbnails(item.example["images"], path.parent if kind != "disk" else path)
         msgs = item.example.get("messages") if item.example else None
         if msgs and out.template is not None:
             try:
@@ -722,10 +725,46 @@ def _clip(s: str) -> str:
 
 def _message_html(m: Mapping[str, Any]) -> str:
     colour = _ROLE_COLOURS.get(m["role"], "#333")
+    content = m["content"]
+    if isinstance(content, list):  # a vision row's parts: its text, and where each image goes
+        body = "".join(
+            f"<span style='{CHIP_STYLE}'>image</span>"
+            if p.get("type") == "image"
+            else html.escape(str(p.get("text")))
+            for p in content
+        )
+    else:
+        body = html.escape(_clip(str(content)))
     return (
         f"<div><span style='color:{colour};font-weight:bold'>{html.escape(m['role'])}</span>"
-        f"<pre style='{_PRE};margin-left:1em'>{html.escape(_clip(m['content']))}</pre></div>"
+        f"<pre style='{_PRE};margin-left:1em'>{body}</pre></div>"
     )
+
+
+def thumbnails(refs: list[Any], base: Path, most: int = 4) -> list[str]:
+    """Small PNG data: URIs of a row's first images that are on this machine (paths, bytes); Pillow only."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from nbtrain.contract.images import ImageRowError, image_source
+
+    out = []
+    for ref in refs[:most]:
+        try:
+            kind, value = image_source(ref, base)
+            if kind not in ("path", "bytes"):
+                continue
+            with Image.open(value if kind == "path" else io.BytesIO(value)) as im:
+                small = im.convert("RGB")
+            small.thumbnail((64, 64))
+            buf = io.BytesIO()
+            small.save(buf, format="PNG")
+        except (ImageRowError, OSError, ValueError):
+            continue  # the row's own check reports a broken image
+        out.append("data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii"))
+    return out
 
 
 def preview_html(p: Preview) -> str:
@@ -748,6 +787,11 @@ def preview_html(p: Preview) -> str:
         parts.append(f"<div><b>row {r.number}</b> <small>({html.escape(r.format)})</small></div>")
         if r.error:
             parts.append(f"<div style='color:#c62828'>{html.escape(r.error)}</div>")
+        if r.thumbnails:
+            imgs = "".join(
+                f"<img src='{u}' alt='image of row {r.number}' style='{THUMB_STYLE}'>" for u in r.thumbnails
+            )
+            parts.append(f"<div style='display:flex'>{imgs}</div>")
         ex = r.example or {}
         if "text" in ex:
             parts.append(f"<pre style='{_PRE}'>{html.escape(_clip(str(ex['text'])))}</pre>")

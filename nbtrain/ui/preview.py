@@ -24,7 +24,10 @@ MASKED_STYLE = "color:#9e9e9e;text-decoration:line-through"
 MASK_OPEN, MASK_CLOSE = "‹", "›"  # plain-text markers around masked (not trained) text
 CLIP = 4000  # characters per example, so one huge row cannot flood the notebook
 IMAGE_RUN = re.compile(r"\[image: (\d+) tokens\]")  # the worker's run of image tokens (jobs/preview.py)
-CHIP_STYLE = "border:1px solid #9bb8c4;border-radius:3px;padding:0 4px;color:#2f5d6e;background:#eef5f8"
+CHIP_STYLE = (
+    "border:1px solid #9bb8c4;border-radius:3px;padding:0 4px;margin-right:4px;color:#2f5d6e;"
+    "background:#eef5f8"
+)
 # an example's images beside its text (tiny pictures shown crisp, not blurred)
 THUMB_STYLE = (
     "width:64px;height:64px;object-fit:contain;border:1px solid #ccc;border-radius:3px;margin:0 8px 4px 0;"
