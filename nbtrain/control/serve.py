@@ -140,7 +140,7 @@ class ServerHandle:
             f"see {self.run_dir / 'logs' / LOG_NAME}"
         )
 
-    def chat(self, messages: str | list[dict[str, str]], *, base: bool = False, **params: Any) -> str:
+    def chat(self, messages: str | list[dict[str, Any]], *, base: bool = False, **params: Any) -> str:
         """The assistant's reply to ``messages`` (a string is one user message). ``params``: max_tokens,
         temperature, top_p, seed, stop."""
         msgs = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
@@ -149,7 +149,7 @@ class ServerHandle:
 
     def stream_chat(
         self,
-        messages: str | list[dict[str, str]],
+        messages: str | list[dict[str, Any]],
         *,
         base: bool = False,
         timeout: float = 600.0,

@@ -55,7 +55,34 @@ function render({ model, el }) {
   send.title = "Send (Enter)";
   const row = document.createElement("div");
   row.className = "nbtrain-chat-row";
-  row.append(ta, send);
+  // A vision-language model's chat: a picture goes with the next message (the kernel checks its size).
+  const file = document.createElement("input");
+  file.type = "file";
+  file.accept = "image/*";
+  file.style.display = "none";
+  const attach = document.createElement("button");
+  attach.className = "nbtrain-chat-attach";
+  attach.textContent = "Image";
+  attach.title = "Attach a picture to the next message";
+  const chip = document.createElement("span");
+  chip.className = "nbtrain-chat-chip";
+  const thumb = document.createElement("img");
+  const drop = document.createElement("button");
+  drop.className = "nbtrain-chat-drop";
+  drop.textContent = "\u00d7";
+  drop.title = "Remove the picture";
+  chip.append(thumb, drop);
+  attach.addEventListener("click", () => file.click());
+  file.addEventListener("change", () => {
+    const f = file.files && file.files[0];
+    if (!f) return;
+    const reader = new FileReader();
+    reader.onload = () => { model.set("attached", String(reader.result)); model.save_changes(); };
+    reader.readAsDataURL(f);
+    file.value = "";
+  });
+  drop.addEventListener("click", () => { model.set("attached", ""); model.save_changes(); });
+  row.append(attach, chip, file, ta, send);
   const hint = document.createElement("div");
   hint.className = "nbtrain-chat-hint";
   hint.textContent = "Enter sends \\u00b7 Shift+Enter adds a line";
@@ -72,11 +99,15 @@ function render({ model, el }) {
     ta.placeholder = model.get("placeholder");
     root.classList.toggle("nbtrain-chat-busy", model.get("busy"));
     send.disabled = !model.get("can_send");
+    attach.style.display = model.get("images") ? "" : "none";
+    const pic = model.get("attached");
+    chip.style.display = pic ? "" : "none";
+    if (pic && thumb.src !== pic) thumb.src = pic;
   };
   // The text goes with the message (the box's value may still be on its way to the kernel); the kernel
   // answers "sent" when it took the message, and only then is the box emptied.
   const submit = () => {
-    if (ta.value.trim()) model.send({ type: "submit", text: ta.value });
+    if (ta.value.trim()) model.send({ type: "submit", text: ta.value, image: model.get("attached") });
     ta.focus();
   };
   model.on("msg:custom", (msg) => {
@@ -113,7 +144,15 @@ function render({ model, el }) {
     if (!turns.length) parts.push(div("nbtrain-chat-empty", model.get("empty_text")));
     for (const t of turns) {
       const you = div("nbtrain-chat-msg nbtrain-chat-user");
-      you.append(div("nbtrain-chat-who", "you"), div("nbtrain-chat-text", t.user));
+      you.append(div("nbtrain-chat-who", "you"));
+      for (const src of t.images || []) {
+        const img = document.createElement("img");
+        img.className = "nbtrain-chat-image";
+        img.src = src;
+        img.alt = "your picture";
+        you.append(img);
+      }
+      you.append(div("nbtrain-chat-text", t.user));
       parts.push(you);
       const row = div("nbtrain-chat-replies");
       row.style.gridTemplateColumns = `repeat(${kinds.length}, minmax(0, 1fr))`;
@@ -141,6 +180,8 @@ function render({ model, el }) {
   model.on("change:placeholder", sync);
   model.on("change:busy", sync);
   model.on("change:can_send", sync);
+  model.on("change:images", sync);
+  model.on("change:attached", sync);
   sync();
   draw();
   requestAnimationFrame(() => { log.scrollTop = log.scrollHeight; });
@@ -182,6 +223,17 @@ _CSS = """
   box-shadow: 0 0 0 1px var(--jp-brand-color1, #1976d2); }
 .nbtrain-chat-hint { font-size: 11px; color: var(--jp-ui-font-color3, #8c959f); padding: 2px 2px 0; }
 .nbtrain-chat-busy .nbtrain-chat-hint::after { content: " \\u00b7 answering\\u2026"; }
+.nbtrain-chat-attach { flex: none; height: 34px; padding: 0 10px; border-radius: 6px; font: inherit;
+  border: 1px solid var(--jp-border-color1, #c4c4c4); background: var(--jp-layout-color1, #fff);
+  color: inherit; cursor: pointer; }
+.nbtrain-chat-chip { flex: none; position: relative; height: 34px; }
+.nbtrain-chat-chip img { height: 34px; width: 34px; object-fit: cover; border-radius: 6px;
+  border: 1px solid var(--jp-border-color1, #c4c4c4); image-rendering: pixelated; }
+.nbtrain-chat-drop { position: absolute; top: -6px; right: -6px; width: 16px; height: 16px; padding: 0;
+  border: none; border-radius: 8px; background: var(--jp-ui-font-color2, #57606a); color: #fff;
+  font-size: 11px; line-height: 16px; cursor: pointer; }
+.nbtrain-chat-image { display: block; max-width: 160px; max-height: 160px; min-width: 64px; min-height: 64px;
+  object-fit: contain; border-radius: 6px; margin: 2px 0 4px; image-rendering: pixelated; }
 """
 
 
@@ -201,6 +253,8 @@ class ChatView(anywidget.AnyWidget):
     turns: traitlets.List[dict[str, Any]] = traitlets.List().tag(sync=True)
     live = traitlets.Any(None).tag(sync=True)  # a Turn's state, or None
     empty_text = traitlets.Unicode("").tag(sync=True)
+    images = traitlets.Bool(False).tag(sync=True)  # a vision-language model's: the Image button shows
+    attached = traitlets.Unicode("").tag(sync=True)  # the picture for the next message (a data: URI)
 
 
 @dataclass
@@ -212,13 +266,14 @@ class Turn:
     replies: dict[str, str] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)
     note: str | None = None
+    images: list[str] = field(default_factory=list)  # data: URIs sent with the message
 
     def answered(self, kind: str) -> bool:
         return kind in self.replies and kind not in self.pending and self.note is None
 
     def state(self) -> dict[str, Any]:
         return {"user": self.user, "replies": dict(self.replies), "pending": list(self.pending),
-                "note": self.note}  # fmt: skip
+                "note": self.note, "images": list(self.images)}  # fmt: skip
 
 
 class ChatWidget:
@@ -266,6 +321,7 @@ class ChatWidget:
             + (" — its base model answers beside it." if compare_base else "."),
         )
         self.view.on_msg(self._on_view_msg)
+        self.view.images = bool(self.run.config.get("vision"))
 
         def button(description: str, icon: str, tooltip: str, **kw: Any) -> widgets.Button:
             return widgets.Button(
@@ -396,31 +452,50 @@ class ChatWidget:
     def _on_view_msg(self, _view: Any, content: Any, _buffers: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "submit":
             text = str(content.get("text", ""))
-            if self._take(text):
+            image = str(content.get("image") or "")
+            if self._take(text, [image] if image else []):
+                self.view.attached = ""
                 self.view.send({"type": "sent", "text": text})  # the front end empties the box
 
-    def send(self, text: str | None = None) -> bool:
+    def send(self, text: str | None = None, images: list[Any] | None = None) -> bool:
         """Send ``text`` (default: the text box, emptied then) to the tuned model, and to the base model
-        when comparing; the replies stream into the transcript. Nothing is sent while a reply is coming
-        or when there is no server (False)."""
+        when comparing; the replies stream into the transcript. ``images`` (a vision-language model's
+        chat; paths, PIL images or data: URIs; default: the picture attached in the box) go with it.
+        Nothing is sent while a reply is coming or when there is no server (False)."""
+        from nbtrain.control.serve import data_uri
+
+        pictures = [data_uri(i) for i in images] if images is not None else None
+        if pictures is None:
+            pictures = [self.view.attached] if self.view.attached else []
         if text is None:
-            if not self._take(self.view.value):
+            if not self._take(self.view.value, pictures):
                 return False
             self.view.value = ""
+            self.view.attached = ""
             return True
-        return self._take(text)
+        return self._take(text, pictures)
 
-    def _take(self, text: str) -> bool:
+    def _take(self, text: str, images: list[str] | None = None) -> bool:
         message = text.strip()
         if not message or self._closed or self._busy:
             return False
         if self.gone or self.server is None:
             return False
+        too_big = [i for i in images or [] if len(i) > MAX_IMAGE_CHARS]
+        if (images and not self.view.images) or too_big:
+            why = (
+                "this model takes text only"
+                if not too_big
+                else f"a picture is over {MAX_IMAGE_CHARS // 2**20} MiB"
+            )
+            self.error = f"not sent: {why}"
+            self._set_status(f"<span style='color:#b3261e'>{html.escape(self.error)}</span>")
+            return False
         if self.error is not None:  # a new message: the last one's error no longer applies
             self.error = None
             self._set_status(self._ready)
         with self._lock:
-            self.turns.append(Turn(message, pending=list(self._kinds())))
+            self.turns.append(Turn(message, pending=list(self._kinds()), images=list(images or [])))
         self._publish(force=True)
         self._start_thread(self._answer, self.turns[-1])
         return True
@@ -435,19 +510,20 @@ class ChatWidget:
             "top_p": float(self.top_p.value),
         }
 
-    def _history(self, kind: str, turn: Turn) -> list[dict[str, str]]:
-        """The conversation so far as ``kind`` saw it: the answered turns before ``turn``, then it."""
-        msgs: list[dict[str, str]] = []
+    def _history(self, kind: str, turn: Turn) -> list[dict[str, Any]]:
+        """The conversation so far as ``kind`` saw it: the answered turns before ``turn``, then it (a turn
+        with pictures as image_url parts before its text)."""
+        msgs: list[dict[str, Any]] = []
         with self._lock:
             for t in self.turns:
                 if t is turn:
                     break
                 if t.answered(kind):
                     msgs += [
-                        {"role": "user", "content": t.user},
+                        {"role": "user", "content": _content(t)},
                         {"role": "assistant", "content": t.replies[kind]},
                     ]
-        return [*msgs, {"role": "user", "content": turn.user}]
+        return [*msgs, {"role": "user", "content": _content(turn)}]
 
     def _answer(self, turn: Turn) -> None:
         server = self.server
@@ -603,6 +679,18 @@ class ChatWidget:
         from IPython.display import display
 
         display(self.widget)
+
+
+MAX_IMAGE_CHARS = 32 * 2**20  # a picture's data: URI; the server takes images up to 32 MiB
+
+
+def _content(turn: Turn) -> Any:
+    if not turn.images:
+        return turn.user
+    return [
+        *({"type": "image_url", "image_url": {"url": i}} for i in turn.images),
+        {"type": "text", "text": turn.user},
+    ]
 
 
 def chat(run: Run | str | Path, *, compare_base: bool = False, **settings: Any) -> ChatWidget:

@@ -123,3 +123,69 @@ def test_chat_in_jupyterlab_enter_sends_shift_enter_adds_a_line_and_replies_stre
     if os.environ.get("NBTRAIN_UPDATE_SCREENSHOTS"):
         DOCS.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shots / "chat.png", DOCS / "chat.png")
+
+
+def test_a_picture_attached_in_the_chat_goes_with_the_message_and_shows_in_the_transcript(
+    lab: tuple[str, str], tmp_path: Path, tiny_vlm: Path, shots: Path
+) -> None:
+    """A vision-language run's chat in JupyterLab: Image opens the file chooser, the picture shows beside
+    the box (x removes it), Enter sends it with the text, the transcript shows it, the model answers."""
+    from playwright.sync_api import expect, sync_playwright
+
+    import nbtrain
+    from nbtrain.examples_vision import QUESTION, write_image_dataset
+
+    url, token = lab
+    data = write_image_dataset(tmp_path / "data" / "colours.jsonl", n=96)
+    run = nbtrain.finetune(
+        f"""model: {tiny_vlm}
+method: lora
+data: {{train: {data}}}
+lora: {{r: 8, alpha: 16, dropout: 0.0}}
+train: {{max_steps: 80, learning_rate: 2.0e-2, per_device_train_batch_size: 4, assistant_only_loss: true,
+         gradient_checkpointing: false}}
+""",
+        name="colours-chat",
+    )
+    assert run.wait(timeout=600).state == "completed", run.logs(40)
+    picture = sorted((data.parent / "colours_img").glob("*-green.png"))[0]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            f"import nbtrain\nchat = nbtrain.get_run({str(run.dir)!r}).chat(max_tokens=4)\nchat"
+        ),
+    ]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "vision-chat.ipynb")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1100, "height": 800})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(
+            f"{url}/lab/tree/vision-chat.ipynb?token={token}" if (url := lab[0]) and (token := lab[1]) else ""
+        )
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        expect(cells).to_have_count(1, timeout=60_000)
+        _kernel_idle(url, token)
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+        status = cells.nth(0).locator(".widget-html-content").first
+        expect(status).to_contain_text("served at", timeout=120_000)
+        attach = page.locator(".nbtrain-chat-attach")
+        expect(attach).to_be_visible()
+        with page.expect_file_chooser() as chooser:
+            attach.click()
+        chooser.value.set_files(str(picture))
+        chip = page.locator(".nbtrain-chat-chip img")
+        expect(chip).to_be_visible(timeout=10_000)
+        page.locator(".nbtrain-chat textarea").fill(QUESTION)
+        page.locator(".nbtrain-chat textarea").press("Enter")
+        expect(page.locator(".nbtrain-chat-user .nbtrain-chat-image")).to_have_count(1, timeout=10_000)
+        expect(chip).to_be_hidden()  # the picture went with the message
+        expect(page.locator(".nbtrain-chat-typing")).to_have_count(0, timeout=120_000)
+        expect(page.locator(".nbtrain-chat-tuned .nbtrain-chat-text")).to_have_text("green")
+        cells.nth(0).locator(".jp-OutputArea").screenshot(path=str(shots / "chat-image.png"))
+        browser.close()
+    run.stop_serving()
+    assert not errors, errors

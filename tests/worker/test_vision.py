@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -262,3 +263,36 @@ def test_a_saved_dataset_with_an_image_feature_trains_as_a_hub_one_would(
     assert prep.resolved.config.vision is not None and prep.resolved.train_data.images == 24
     run = nbtrain.start(prep)
     assert run.wait(timeout=600).state == "completed", run.logs(60)
+
+
+def test_the_chat_widget_sends_an_attached_picture_and_the_model_names_its_colour(
+    lora_run: nbtrain.Run, vision_work: Path
+) -> None:
+    import time
+
+    from nbtrain.control.serve import data_uri
+    from nbtrain.ui.chat import ChatWidget
+
+    image = sorted((vision_work / "data" / "colours_img").glob("*-red.png"))[0]
+    chat = ChatWidget(lora_run, max_tokens=3)
+    try:
+        deadline = time.monotonic() + 120
+        while not chat.view.can_send:  # the server is up and the widget ready
+            assert time.monotonic() < deadline and chat.error is None, chat.error
+            time.sleep(0.05)
+        assert chat.view.images  # a vision-language run's chat offers the Image button
+        # what the browser does: the picture attached (a data: URI), then Enter
+
+        def frontend(**data: Any) -> None:  # a message from the browser's side, as its comm delivers it
+            chat.view._handle_msg({"content": {"data": data}, "buffers": []})
+
+        frontend(method="update", state={"attached": data_uri(image)})
+        frontend(method="custom", content={"type": "submit", "text": QUESTION, "image": chat.view.attached})
+        while not chat.turns or chat.turns[-1].pending:
+            assert time.monotonic() < deadline and chat.error is None, chat.error
+            time.sleep(0.05)
+        turn = chat.turns[-1]
+        assert turn.images and turn.replies["tuned"].strip() == "red" and chat.view.attached == ""
+        assert chat.view.turns[-1]["images"] == turn.images  # the transcript shows the picture
+    finally:
+        chat.close()
