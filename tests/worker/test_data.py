@@ -188,3 +188,31 @@ def test_packing_removes_the_padding_and_keeps_the_answer_only_mask(
     assert "attention_mask" not in batch and "position_ids" in batch
     trained = batch["labels"] != -100
     assert 0 < int(trained.sum()) < batch["input_ids"].numel() / 2  # the prompts stay masked when packed
+
+
+def test_an_image_row_names_its_row_when_the_image_is_missing_corrupt_or_unreachable(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    from PIL import Image
+
+    from nbtrain.worker.data import DataError, image_entry
+
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(tmp_path / "ok.png")
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\nnot an image")
+    assert image_entry("ok.png", str(tmp_path), "row 1") == {"path": str(tmp_path / "ok.png"), "bytes": None}
+    with pytest.raises(DataError, match=r"row 2: the image missing.png is not there"):
+        image_entry("missing.png", str(tmp_path), "row 2")
+    with pytest.raises(DataError, match=r"row 3: the image bad.png is not a readable image"):
+        image_entry("bad.png", str(tmp_path), "row 3")
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        fetched = image_entry(f"{url}/ok.png", None, "row 4")
+        assert fetched["path"] is None and fetched["bytes"] == (tmp_path / "ok.png").read_bytes()
+        with pytest.raises(DataError, match=r"row 5: the image .*/nope.png could not be fetched"):
+            image_entry(f"{url}/nope.png", None, "row 5")
+    finally:
+        server.shutdown()
