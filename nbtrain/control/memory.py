@@ -335,11 +335,12 @@ def resolve_lora_targets(
 
 
 def lora_parameters(
-    model_config: Mapping[str, Any], r: int, target_modules: str | Sequence[str] = "auto"
+    model_config: Mapping[str, Any], r: int, target_modules: str | Sequence[str] = "auto", dora: bool = False
 ) -> int:
     """Parameters LoRA adds: r·(in + out) per wrapped linear (A is r×in, B is out×r), in every layer.
 
-    An embedding target adds r·(V + h) (peft's lora_embedding_A/B); bias="none" adds no bias.
+    An embedding target adds r·(V + h) (peft's lora_embedding_A/B); bias="none" adds no bias. DoRA adds a
+    magnitude vector per wrapped linear, one value per output feature.
     """
     pc = count_parameters(model_config)
     total = 0
@@ -348,7 +349,9 @@ def lora_parameters(
             total += r * (pc.vocab + pc.hidden)
         else:
             lin = pc.linear(name)
-            total += pc.layers * r * (lin.in_features + lin.out_features)
+            total += pc.layers * (
+                r * (lin.in_features + lin.out_features) + (lin.out_features if dora else 0)
+            )
     return total
 
 
@@ -915,6 +918,7 @@ def estimate(
     method: str = "lora",
     lora_r: int = 8,
     lora_targets: str | Sequence[str] = "auto",
+    lora_dora: bool = False,
     quant_bits: int = 4,
     double_quant: bool = True,
     precision: str = "bf16",
@@ -963,7 +967,7 @@ def estimate(
         trainable, base, base_how = pc.total, 0.0, ""
         largest_trainable = pc.largest_module
     else:
-        trainable = lora_parameters(model_config, lora_r, targets)
+        trainable = lora_parameters(model_config, lora_r, targets, dora=lora_dora)
         base, base_how = _frozen_base(pc, method, quant_bits, double_quant, w, precision, zero)
         largest_trainable = _largest_lora_module(pc, lora_r, targets)
 
@@ -1078,6 +1082,7 @@ class Request:
     optim: str = "adamw_torch_fused"
     lora_r: int = 8
     lora_targets: str | tuple[str, ...] = "auto"
+    lora_dora: bool = False
     quant_bits: int = 4
     double_quant: bool = True
     nodes: int = 1

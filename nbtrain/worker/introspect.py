@@ -1,11 +1,12 @@
-"""Describe a TRL config's fields as JSON, so the kernel can validate ``train:`` without importing TRL.
+"""Describe a TRL config's fields (or peft's LoraConfig's) as JSON, so the kernel can validate ``train:``
+(and ``lora:``) without importing TRL or peft.
 
-    python -m nbtrain.worker.introspect OUT.json [OBJECTIVE]   # one objective (default sft)
-    python -m nbtrain.worker.introspect --assets DIR           # all: DIR/<objective>_fields.json
+    python -m nbtrain.worker.introspect OUT.json [OBJECTIVE|lora]  # one config (default sft)
+    python -m nbtrain.worker.introspect --assets DIR               # all: DIR/<name>_fields.json
 
-The kernel ships snapshots (nbtrain/assets/<objective>_fields.json: SFTConfig, DPOConfig, ORPOConfig,
-KTOConfig, GRPOConfig) made by this module for the pinned versions, and re-runs it in a subprocess when
-the installed TRL/transformers differ.
+The kernel ships snapshots (nbtrain/assets/<name>_fields.json: SFTConfig, DPOConfig, ORPOConfig,
+KTOConfig, GRPOConfig, peft's LoraConfig) made by this module for the pinned versions, and re-runs it in a
+subprocess when the installed TRL/transformers (or peft) differ.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from nbtrain.contract.objectives import OBJECTIVES
 def _classify(tp: Any) -> tuple[set[str], list[str] | None, bool]:
     kinds: set[str] = set()
     choices: list[str] | None = None
+    literal_strs: set[str] = set()
+    plain_str = False
     optional = False
     args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
     for a in args:
@@ -41,6 +44,12 @@ def _classify(tp: Any) -> tuple[set[str], list[str] | None, bool]:
             kinds.add("float")
         elif a is str:
             kinds.add("str")
+            plain_str = True
+        elif origin is typing.Literal:  # peft's init_lora_weights: bool | Literal["gaussian", "pissa", ...]
+            for v in typing.get_args(a):
+                if isinstance(v, str):
+                    literal_strs.add(v)
+                kinds.add({bool: "bool", int: "int", str: "str"}.get(type(v), "any"))
         elif isinstance(origin, type) and issubclass(origin, enum.Enum):
             kinds.add("str")
             choices = sorted({str(m.value) for m in origin})
@@ -50,6 +59,8 @@ def _classify(tp: Any) -> tuple[set[str], list[str] | None, bool]:
             kinds.add("dict")
         else:
             kinds.add("any")
+    if literal_strs and not plain_str:  # strings restricted to the literal ones (any string otherwise)
+        choices = sorted({*(choices or []), *literal_strs})
     return kinds, choices, optional
 
 
@@ -63,17 +74,22 @@ def _jsonable(v: Any) -> Any:
         return str(v)
 
 
+LORA = "lora"  # peft's LoraConfig: the fields ``lora:`` takes
+
+
 def config_class(objective: str) -> Any:
-    """The TRL config class of ``objective`` (some live in trl.experimental, which warns on import)."""
+    """The TRL config class of ``objective`` (some live in trl.experimental, which warns on import), or
+    peft's LoraConfig for ``lora``."""
+    if objective == LORA:
+        from peft import LoraConfig
+
+        return LoraConfig
     module, name = OBJECTIVES[objective].config_class.split(":")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     return getattr(importlib.import_module(module), name)
 
 
 def field_specs(objective: str = "sft") -> dict[str, Any]:
-    import transformers
-    import trl
-
     cls = config_class(objective)
     try:
         hints = typing.get_type_hints(cls)
@@ -98,6 +114,13 @@ def field_specs(objective: str = "sft") -> dict[str, Any]:
             "default": default,
             "help": help_text,
         }
+    if objective == LORA:
+        import peft
+
+        return {"versions": {"peft": peft.__version__}, "config": cls.__name__, "fields": fields}
+    import transformers
+    import trl
+
     versions = {"trl": trl.__version__, "transformers": transformers.__version__}
     if objective == "sft":  # the SFT snapshot keeps its original shape (no "config" key)
         return {"versions": versions, "fields": fields}
@@ -115,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     if argv[0] == "--assets":
-        for name in OBJECTIVES:
+        for name in (*OBJECTIVES, LORA):
             _write(Path(argv[1]) / f"{name}_fields.json", name)
         return 0
     objective = argv[1] if len(argv) == 2 else "sft"
-    if objective not in OBJECTIVES:
+    if objective not in OBJECTIVES and objective != LORA:
         print(f"unknown objective {objective!r}; one of {', '.join(OBJECTIVES)}", file=sys.stderr)
         return 2
     _write(Path(argv[0]), objective)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from typing import Any
+
+from nbtrain.contract.adapters import converts_init, peft_fields
 
 
 def compute_dtype(plan: dict[str, Any]) -> Any:
@@ -93,14 +96,17 @@ def lora_config(cfg: dict[str, Any], model: Any = None) -> Any:
     lo = cfg["lora"]
     target = lo["target_modules"]
     targets: Any = None if target == "auto" else target
-    modules_to_save = None
+    extra = peft_fields(
+        lo
+    )  # peft's own LoraConfig fields written in lora: (use_dora, init_lora_weights, ...)
+    modules_to_save = extra.pop("modules_to_save", None)
     if is_vision(cfg) and model is not None:
         targets = language_model_targets(model, target)
         encoder, projector = vision_parts(model)
         freeze = cfg["vision"]["freeze"]
         trained = projector if freeze == "encoder" else [*encoder, *projector] if freeze == "none" else []
         outer = [n for n in trained if not any(n.startswith(f"{o}.") for o in trained)]  # not nested twice
-        modules_to_save = [n.rsplit(".", 1)[-1] for n in outer] or None
+        modules_to_save = [*(modules_to_save or []), *(n.rsplit(".", 1)[-1] for n in outer)] or None
     return LoraConfig(
         r=lo["r"],
         lora_alpha=lo["alpha"],
@@ -109,6 +115,7 @@ def lora_config(cfg: dict[str, Any], model: Any = None) -> Any:
         target_modules=targets,
         modules_to_save=modules_to_save,
         task_type="CAUSAL_LM",
+        **extra,
     )
 
 
@@ -191,6 +198,41 @@ def load_model(
         model = get_peft_model(model, lora_config(cfg, model))
         report_trainable(model, method)
     return model
+
+
+INITIAL_ADAPTER = "adapter-initial"  # in the run directory: a PiSSA/OLoRA adapter before training
+
+
+def save_initial_adapter(model: Any, cfg: dict[str, Any], run_dir: Path) -> None:
+    """For an initialisation that changes the base weights (PiSSA, OLoRA): the adapter as initialised, kept
+    in the run directory, so the result can be saved converted to a plain LoRA on the untouched base
+    (peft's path_initial_model_for_weight_conversion). Written once (a resume initialises the same)."""
+    init = (cfg.get("lora") or {}).get("init_lora_weights")
+    if not converts_init(init) or (run_dir / INITIAL_ADAPTER).exists():
+        return
+    config = model.peft_config["default"]
+    config.init_lora_weights = True  # as peft asks: the saved initial adapter is a plain one
+    tmp = run_dir / f".{INITIAL_ADAPTER}.partial"
+    model.save_pretrained(str(tmp))
+    config.init_lora_weights = init
+    os.replace(tmp, run_dir / INITIAL_ADAPTER)
+
+
+def loraplus_optimizer(model: Any, cfg: dict[str, Any], args: Any) -> Any:
+    """LoRA+ (peft's optimizer helper): the B matrices learn ``loraplus_lr_ratio`` times faster than A; None
+    when the run does not ask for it."""
+    ratio = (cfg.get("lora") or {}).get("loraplus_lr_ratio")
+    if not ratio or cfg["method"] not in ("lora", "qlora"):
+        return None
+    import torch
+    from peft.optimizers import create_loraplus_optimizer
+
+    b_lr = args.learning_rate * ratio
+    print(f"nbtrain: LoRA+: the B matrices learn at {ratio:g}x the learning rate ({b_lr:g})", flush=True)
+    return create_loraplus_optimizer(
+        model, torch.optim.AdamW, lr=args.learning_rate, loraplus_lr_ratio=float(ratio),
+        weight_decay=args.weight_decay,
+    )  # fmt: skip
 
 
 def report_trainable(model: Any, method: str) -> None:

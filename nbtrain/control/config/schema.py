@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from nbtrain.contract.adapters import converts_init
 from nbtrain.contract.errors import ConfigError, Problem
 from nbtrain.contract.formats import CANONICAL_COLUMNS, FORMATS, SFT_FORMATS
 from nbtrain.contract.objectives import OBJECTIVES, UNAVAILABLE
@@ -57,7 +58,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-class LoraSettings(_Strict):
+class LoraSettings(BaseModel):
+    # nbtrain's names below, and any field of peft's LoraConfig (use_dora, use_rslora, init_lora_weights,
+    # modules_to_save, layers_to_transform, target_parameters, ...) and loraplus_lr_ratio, checked against
+    # peft's dataclass in _method_sections (trainargs.check_lora_key / check_lora_value)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
     r: int = Field(8, gt=0, le=4096)
     alpha: float = Field(16, gt=0)
     dropout: float = Field(0.05, ge=0, lt=1)
@@ -971,6 +977,36 @@ def _method_sections(cfg: RunConfig, probs: _Problems) -> None:
         )
     if cfg.method not in ("qlora", "auto") and cfg.quantization is not None:
         probs.add(("quantization",), f"quantization: applies to method: qlora only (method is {cfg.method})")
+    if cfg.lora is not None:
+        _lora_fields(cfg, dict(cfg.lora.model_extra or {}), probs)
+
+
+def _lora_fields(cfg: RunConfig, extra: dict[str, Any], probs: _Problems) -> None:
+    """lora:'s peft fields and LoRA+: known to peft, of the right type, and usable in this run."""
+    for key, value in extra.items():
+        msg = trainargs.check_lora_key(key)
+        home = _home_of(key, ("lora",), cfg.objective) if msg and msg.startswith("unknown") else None
+        if home is not None:  # learning_rate in lora: belongs under train:
+            msg = elsewhere_message(key, ("lora",), home)
+        msg = msg or trainargs.check_lora_value(key, value)
+        if msg:
+            probs.add(("lora", key), msg)
+    init = extra.get("init_lora_weights")
+    if converts_init(init):
+        single = cfg.distributed.strategy in ("auto", "none") and cfg.distributed.num_processes in ("auto", 1)
+        why = (
+            "reads the full-precision base weights (use method: lora)" if cfg.method == "qlora"
+            else f"is supported for objective: sft (this run is {cfg.objective})" if cfg.objective != "sft"
+            else "is supported on one process (its result is converted to a plain LoRA as it is saved)"
+            if not single or cfg.distributed.nodes > 1 else None
+        )  # fmt: skip
+        if why:
+            probs.add(("lora", "init_lora_weights"), f"init_lora_weights: {init} {why}")
+    if "loraplus_lr_ratio" in extra and cfg.objective != "sft":
+        probs.add(("lora", "loraplus_lr_ratio"), (
+            f"loraplus_lr_ratio is supported for objective: sft (the {cfg.objective} trainer attaches the "
+            f"adapter itself, after the optimizer would have to know its matrices)"
+        ))  # fmt: skip
 
 
 def _data_sections(cfg: RunConfig, probs: _Problems) -> None:

@@ -102,9 +102,9 @@ class FieldSpec:
         return " or ".join(parts)
 
 
-def _installed_versions() -> dict[str, str]:
+def _installed_versions(packages: tuple[str, ...] = ("trl", "transformers")) -> dict[str, str]:
     out = {}
-    for pkg in ("trl", "transformers"):
+    for pkg in packages:
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -126,18 +126,15 @@ def config_name(objective: str = "sft") -> str:
 @lru_cache(maxsize=8)
 def fields_for(objective: str = "sft") -> dict[str, FieldSpec]:
     """The settable fields of the TRL config of ``objective``, from the shipped or a regenerated snapshot."""
-    if objective not in OBJECTIVES:
+    if objective not in OBJECTIVES and objective != LORA:
         raise KeyError(f"no TRL config for objective {objective!r}")
     asset = f"assets/{objective}_fields.json"
     snapshot = json.loads(resources.files("nbtrain").joinpath(asset).read_text("utf-8"))
-    versions = _installed_versions()
+    versions = _installed_versions(("peft",) if objective == LORA else ("trl", "transformers"))
     data = snapshot
     if snapshot["versions"] != versions and "missing" not in versions.values():
-        cache = (
-            home_dir()
-            / "cache"
-            / f"{objective}_fields-trl{versions['trl']}-tf{versions['transformers']}.json"
-        )
+        tag = "-".join(f"{k}{v}" for k, v in sorted(versions.items()))
+        cache = home_dir() / "cache" / f"{objective}_fields-{tag}.json"
         if not cache.exists():
             # A subprocess keeps TRL (and torch) out of the kernel; it runs once per version pair.
             subprocess.run(
@@ -157,6 +154,81 @@ def fields_for(objective: str = "sft") -> dict[str, FieldSpec]:
 
 def sft_fields() -> dict[str, FieldSpec]:
     return fields_for("sft")
+
+
+# ------------------------------------------------------------------------------------------- lora:
+LORA = "lora"  # fields_for(LORA): peft's LoraConfig, the names lora: takes beside nbtrain's own
+# nbtrain's own names in lora: (-> peft's), and what it sets itself
+LORA_OWN = {"r": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target_modules": "target_modules",
+            "bias": "bias"}  # fmt: skip
+LORA_MANAGED = {
+    "lora_alpha": "write alpha: (nbtrain's name for it)",
+    "lora_dropout": "write dropout: (nbtrain's name for it)",
+    "task_type": "nbtrain sets it (a causal language model)",
+    "peft_type": "nbtrain sets it (LoRA)",
+    "auto_mapping": "peft fills it in",
+    "peft_version": "peft fills it in",
+    "base_model_name_or_path": "it is model: (the base the adapter goes on)",
+    "revision": "it is revision: at the top level",
+    "inference_mode": "training needs it off; the server and export load the adapter for inference",
+    "megatron_config": "nbtrain does not train with Megatron-LM",
+    "megatron_core": "nbtrain does not train with Megatron-LM",
+    "runtime_config": "peft fills it in",
+}
+# Initialisations that need more than a flag (a calibration dataset, or their own quantisation):
+NEEDS_MORE = {
+    "loftq": "init_lora_weights: loftq needs a quantized base and peft's loftq_config (LoftQ quantises the "
+             "base itself); not supported by nbtrain: use pissa or olora (method: lora), or method: qlora",
+    "eva": "init_lora_weights: eva needs a calibration pass over the data (peft's eva_config); not supported "
+           "by nbtrain: use pissa or olora",
+    "corda": "init_lora_weights: corda needs a calibration pass over the data (peft's corda_config); not "
+             "supported by nbtrain: use pissa or olora",
+    "lora_ga": "init_lora_weights: lora_ga needs gradient estimates (peft's lora_ga_config); not supported "
+               "by nbtrain: use pissa or olora",
+}  # fmt: skip
+LORA_EXTRA = {"loraplus_lr_ratio": "LoRA+: how much faster the B matrices learn than A (e.g. 16)"}
+
+
+def check_lora_key(key: str) -> str | None:
+    """None if ``key`` may be written in lora: (nbtrain's names, peft's LoraConfig fields, LoRA+), else why
+    not and what to write."""
+    if key in LORA_OWN or key in LORA_EXTRA:
+        return None
+    if key in LORA_MANAGED:
+        return f"'{key}' is not set here: {LORA_MANAGED[key]}"
+    fields = fields_for(LORA)
+    if key in fields:
+        return None
+    known = [*LORA_OWN, *LORA_EXTRA, *(k for k in fields if k not in LORA_MANAGED)]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
+    hint = (
+        f"; did you mean '{close[0]}'?"
+        if close
+        else f" (it takes peft's LoraConfig fields: {', '.join(known)})"
+    )
+    return f"unknown key '{key}' in lora:{hint}"
+
+
+def check_lora_value(key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be ``key`` of lora: (after check_lora_key), or None."""
+    if key in LORA_OWN:
+        return None  # nbtrain's own fields: the schema checks them
+    if key == "loraplus_lr_ratio":
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value > 0
+        )
+        return None if ok else f"loraplus_lr_ratio is {LORA_EXTRA[key]}: a positive number, not {value!r}"
+    if key == "init_lora_weights" and isinstance(value, str) and value in NEEDS_MORE:
+        return NEEDS_MORE[value]
+    spec = fields_for(LORA)[key]
+    if spec.accepts(value):
+        return None
+    if key == "init_lora_weights" and isinstance(value, str) and value.startswith("pissa_niter_"):
+        return None  # pissa with fast SVD: "pissa_niter_[number of iterations]"
+    return f"{value!r} is not valid for {key}: expected {spec.expected()}"
 
 
 def check_key(key: str, objective: str = "sft") -> str | None:

@@ -47,6 +47,7 @@ def request_for(
         gradient_checkpointing=bool(train.get("gradient_checkpointing", True)),
         optim=str(train.get("optim", "adamw_torch_fused")),
         lora_r=config.lora.r if config.lora else 8,
+        lora_dora=bool(config.lora and (config.lora.model_extra or {}).get("use_dora")),
         lora_targets=targets if isinstance(targets, str) else tuple(targets),
         quant_bits=config.quantization.bits if config.quantization else 4,
         double_quant=config.quantization.double_quant if config.quantization else True,

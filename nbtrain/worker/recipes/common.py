@@ -25,7 +25,7 @@ from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, write_status
 from nbtrain.worker.control import StopControl
-from nbtrain.worker.model import is_vision, load_tokenizer, report_trainable
+from nbtrain.worker.model import INITIAL_ADAPTER, is_vision, load_tokenizer, report_trainable
 
 
 class NonFiniteTraining(RuntimeError):
@@ -189,7 +189,11 @@ def save_output(trainer: Any, paths: RunPaths) -> None:
     partial = paths.root / "output.partial"
     if rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)
-    trainer.save_model(str(partial))
+    initial = paths.root / INITIAL_ADAPTER
+    if initial.is_dir():  # PiSSA/OLoRA (one process): saved as a plain LoRA that loads on the untouched base
+        trainer.model.save_pretrained(str(partial), path_initial_model_for_weight_conversion=str(initial))
+    else:
+        trainer.save_model(str(partial))
     if rank() != 0:
         return
     trainer.processing_class.save_pretrained(str(partial))

@@ -11,7 +11,7 @@ names, and saves the result to RUN_DIR/output (complete or absent); cleanup() cl
 
 from __future__ import annotations
 
-from nbtrain.worker.model import load_model
+from nbtrain.worker.model import load_model, loraplus_optimizer, save_initial_adapter
 from nbtrain.worker.recipes.common import Recipe
 
 
@@ -24,4 +24,8 @@ class SFTRecipe(Recipe):
         if ready is None:
             return  # a stop came during setup: train() records it
         model = load_model(run.cfg, run.plan, run.args)  # wrapped in its LoRA adapter for lora/qlora
-        self.make_trainer(SFTTrainer, model, ready)
+        save_initial_adapter(model, run.cfg, run.paths.root)  # PiSSA/OLoRA: kept to convert the result
+        optimizer = loraplus_optimizer(model, run.cfg, ready.args)
+        self.make_trainer(
+            SFTTrainer, model, ready, **({"optimizers": (optimizer, None)} if optimizer else {})
+        )
