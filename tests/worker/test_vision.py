@@ -296,3 +296,24 @@ def test_the_chat_widget_sends_an_attached_picture_and_the_model_names_its_colou
         assert chat.view.turns[-1]["images"] == turn.images  # the transcript shows the picture
     finally:
         chat.close()
+
+
+def test_vision_freeze_chooses_what_trains_beside_the_adapter_and_a_full_fine_tune_keeps_the_encoder(
+    vision_work: Path, tiny_vlm: Path
+) -> None:
+    import re
+
+    def trainable(freeze: str) -> int:
+        config = vision_config(tiny_vlm, vision_work, steps=2) + f"vision: {{freeze: {freeze}}}\n"
+        run = nbtrain.finetune(config, name=f"freeze-{freeze.replace('+', '-')}")
+        assert run.wait(timeout=600).state == "completed", run.logs(60)
+        return int(re.search(r"lora adapters: ([\d,]+) trainable", run.logs(400))[1].replace(",", ""))  # type: ignore[index]
+
+    lora = 3_584  # q_proj + v_proj of the Llama's 2 layers
+    projector, encoder = 6_272, 36_224  # the tiny LLaVA's (the estimate's exact counts)
+    assert trainable("encoder+projector") == lora
+    assert trainable("encoder") == lora + projector  # the projector trains fully (peft's modules_to_save)
+    assert trainable("none") == lora + projector + encoder
+    full = nbtrain.finetune(vision_config(tiny_vlm, vision_work, "full", steps=2).replace(
+        "lora: {r: 8, alpha: 16, dropout: 0.0}\n", ""), name="full-vlm")  # fmt: skip
+    assert full.wait(timeout=600).state == "completed", full.logs(60)
