@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -44,6 +45,20 @@ def warm_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@contextlib.contextmanager
+def runs_in(work: Path) -> Iterator[Path]:
+    """``work`` as a notebook's directory with its own NBTRAIN_HOME and runs folder, for a module's shared
+    runs (a module-scoped fixture cannot use the per-test monkeypatch)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NBTRAIN_HOME", str(work / "home"))
+    mp.setenv("NBTRAIN_RUNS_DIR", str(work / "runs"))
+    mp.chdir(work)
+    try:
+        yield work
+    finally:
+        mp.undo()
 
 
 @pytest.fixture(scope="session")
@@ -102,11 +117,7 @@ def tuned_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Pat
         for q, a in TUNED_ANSWERS.items()
     ] * 16
     (work / "rep.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("NBTRAIN_HOME", str(work / "home"))
-    mp.setenv("NBTRAIN_RUNS_DIR", str(work / "runs"))
-    mp.chdir(work)
-    try:
+    with runs_in(work):
         run = nbtrain.finetune(
             f"""\
 model: {tiny_model}
@@ -118,8 +129,6 @@ train: {{max_steps: 40, learning_rate: 3.0e-2, per_device_train_batch_size: 8, l
             name="tuned",
         )
         run.wait(timeout=600)
-    finally:
-        mp.undo()
     return run.dir
 
 

@@ -8,6 +8,7 @@ NBTRAIN_REQUIRE_BROWSER=1, so there a missing piece fails them instead of passin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -18,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,3 +135,33 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, str]]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+def write_notebook(path: Path, cells: list[Any]) -> Path:
+    """A Python 3 notebook at ``path``: each cell a source string (code) or an nbformat cell."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) if isinstance(c, str) else c for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+@contextlib.contextmanager
+def lab_page(lab: tuple[str, str], where: str, viewport: dict[str, int], **page: Any) -> Iterator[Any]:
+    """(browser, page, errors): chromium on ``where`` of the JupyterLab of ``lab`` (e.g. "lab/tree/x.ipynb"),
+    with every uncaught page error collected in ``errors``; the browser closes at the end."""
+    from playwright.sync_api import sync_playwright
+
+    url, token = lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page(viewport=viewport, **page)
+            errors: list[str] = []
+            tab.on("pageerror", lambda e: errors.append(str(e)))
+            tab.goto(f"{url}/{where}?token={token}")
+            yield browser, tab, errors
+        finally:
+            browser.close()

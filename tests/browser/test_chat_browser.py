@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.browser.conftest import lab_page, write_notebook
 from tests.browser.test_notebook_e2e import _kernel_idle
 from tests.conftest import ROOT
 
@@ -35,28 +35,23 @@ WATCH_JS = """() => {
 def test_chat_in_jupyterlab_enter_sends_shift_enter_adds_a_line_and_replies_stream(
     lab: tuple[str, str], tmp_path: Path, tuned_run: Path, shots: Path
 ) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, token = lab
     run = tmp_path / "runs" / "tuned"
     shutil.copytree(tuned_run, run, ignore=shutil.ignore_patterns("checkpoints", "serve.json", "logs"))
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(
-            f"import nbtrain\nrun = nbtrain.get_run({str(run)!r})\nchat = run.chat(compare_base=True, "
-            "max_tokens=40)\nchat"
-        ),
-        nbformat.v4.new_code_cell("run.stop_serving()"),
-    ]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "chat.ipynb")
+    write_notebook(
+        tmp_path / "chat.ipynb",
+        [
+            nbformat.v4.new_code_cell(
+                f"import nbtrain\nrun = nbtrain.get_run({str(run)!r})\nchat = run.chat(compare_base=True, "
+                "max_tokens=40)\nchat"
+            ),
+            nbformat.v4.new_code_cell("run.stop_serving()"),
+        ],
+    )
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1100, "height": 900})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{url}/lab/tree/chat.ipynb?token={token}")
+    with lab_page(lab, "lab/tree/chat.ipynb", {"width": 1100, "height": 900}) as (_, page, errors):
         cells = page.locator(".jp-Notebook .jp-Cell")
         expect(cells).to_have_count(2, timeout=60_000)
         _kernel_idle(url, token)
@@ -118,7 +113,6 @@ def test_chat_in_jupyterlab_enter_sends_shift_enter_adds_a_line_and_replies_stre
         expect(page.locator(".nbtrain-chat-user")).to_have_count(2, timeout=10_000)
         expect(box).to_have_value("")
         expect(page.locator(".nbtrain-chat-typing")).to_have_count(0, timeout=120_000)
-        browser.close()
     assert not errors, errors
     if os.environ.get("NBTRAIN_UPDATE_SCREENSHOTS"):
         DOCS.mkdir(parents=True, exist_ok=True)
@@ -130,7 +124,7 @@ def test_a_picture_attached_in_the_chat_goes_with_the_message_and_shows_in_the_t
 ) -> None:
     """A vision-language run's chat in JupyterLab: Image opens the file chooser, the picture shows beside
     the box (x removes it), Enter sends it with the text, the transcript shows it, the model answers."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     import nbtrain
     from nbtrain.examples_vision import QUESTION, write_image_dataset
@@ -149,22 +143,9 @@ train: {{max_steps: 80, learning_rate: 2.0e-2, per_device_train_batch_size: 4, a
     )
     assert run.wait(timeout=600).state == "completed", run.logs(40)
     picture = sorted((data.parent / "colours_img").glob("*-green.png"))[0]
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(
-            f"import nbtrain\nchat = nbtrain.get_run({str(run.dir)!r}).chat(max_tokens=4)\nchat"
-        ),
-    ]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "vision-chat.ipynb")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1100, "height": 800})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(
-            f"{url}/lab/tree/vision-chat.ipynb?token={token}" if (url := lab[0]) and (token := lab[1]) else ""
-        )
+    cell = f"import nbtrain\nchat = nbtrain.get_run({str(run.dir)!r}).chat(max_tokens=4)\nchat"
+    write_notebook(tmp_path / "vision-chat.ipynb", [cell])
+    with lab_page(lab, "lab/tree/vision-chat.ipynb", {"width": 1100, "height": 800}) as (_, page, errors):
         cells = page.locator(".jp-Notebook .jp-Cell")
         expect(cells).to_have_count(1, timeout=60_000)
         _kernel_idle(url, token)
@@ -186,6 +167,5 @@ train: {{max_steps: 80, learning_rate: 2.0e-2, per_device_train_batch_size: 4, a
         expect(page.locator(".nbtrain-chat-typing")).to_have_count(0, timeout=120_000)
         expect(page.locator(".nbtrain-chat-tuned .nbtrain-chat-text")).to_have_text("green")
         cells.nth(0).locator(".jp-OutputArea").screenshot(path=str(shots / "chat-image.png"))
-        browser.close()
     run.stop_serving()
     assert not errors, errors

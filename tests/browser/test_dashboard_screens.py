@@ -15,10 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import nbformat
 import pytest
 
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.browser.conftest import lab_page, write_notebook
 from tests.browser.test_notebook_e2e import LOSS_POINTS_JS, _kernel_idle
 from tests.conftest import ROOT, lora_yaml
 
@@ -60,7 +59,7 @@ def expect_soon(check: Callable[[], bool], timeout: float) -> None:
 def test_dashboard_mid_run_and_completed(
     lab: tuple[str, str], workdir: Path, tmp_path: Path, shots: Path
 ) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, token = lab
     # no "get notified about Jupyter news?" toast over the pictures (the lab's user settings, read at load)
@@ -70,17 +69,9 @@ def test_dashboard_mid_run_and_completed(
     )
     news.parent.mkdir(parents=True, exist_ok=True)
     news.write_text('{"fetchNews": "false"}')
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext nbtrain"), nbformat.v4.new_code_cell(CELL)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, workdir / "shots.ipynb")
+    write_notebook(workdir / "shots.ipynb", ["%load_ext nbtrain", CELL])
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1200, "height": 1100})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{url}/lab/tree/shots.ipynb?token={token}")
+    with lab_page(lab, "lab/tree/shots.ipynb", {"width": 1200, "height": 1100}) as (browser, page, errors):
         cells = page.locator(".jp-Notebook .jp-Cell")
         expect(cells).to_have_count(2, timeout=60_000)
         _kernel_idle(url, token)
@@ -146,7 +137,6 @@ def test_dashboard_mid_run_and_completed(
         dashboard.screenshot(path=str(shots / "dashboard-done.png"))
         text = output.inner_text()
         (shots / "done-output.html").write_text(output.inner_html())
-        browser.close()
 
     assert not errors, errors
     assert len(live) == len(done) == 1, (live, done)  # one figure: the widget turned static, not added to

@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 
 import nbtrain
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.browser.conftest import lab_page, write_notebook
 from tests.conftest import lora_yaml
 
 pytestmark = pytest.mark.browser
@@ -81,20 +80,12 @@ def stop_runs_after(workdir: Path) -> Iterator[None]:
 def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
     lab: tuple[str, str], workdir: Path, shots: Path, stop_runs_after: None
 ) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, token = lab
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext nbtrain"), nbformat.v4.new_code_cell(CELL)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, workdir / "e2e.ipynb")
+    write_notebook(workdir / "e2e.ipynb", ["%load_ext nbtrain", CELL])
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{url}/lab/tree/e2e.ipynb?token={token}")
+    with lab_page(lab, "lab/tree/e2e.ipynb", {"width": 1400, "height": 1000}) as (_, page, errors):
         cells = page.locator(".jp-Notebook .jp-Cell")
         expect(cells).to_have_count(2, timeout=60_000)
         _kernel_idle(url, token)
@@ -189,7 +180,6 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
             page.screenshot(path=str(shots / "no-completion.png"))
             raise
         page.screenshot(path=str(shots / "completion.png"))
-        browser.close()
     assert not errors, errors
     runs = list((workdir / "runs").iterdir())
     assert len(runs) == 1

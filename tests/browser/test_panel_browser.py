@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 import nbtrain
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.browser.conftest import lab_page, write_notebook
 from tests.browser.test_notebook_e2e import _kernel_idle
 from tests.conftest import ROOT
 
@@ -47,24 +47,19 @@ def stop_runs_after(workdir: Path) -> Iterator[None]:
 def test_panel_form_and_to_cell_inserts_a_runnable_cell_at_once(
     lab: tuple[str, str], workdir: Path, shots: Path, stop_runs_after: None
 ) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, token = lab
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(f"import nbtrain\nnbtrain.panel({CONFIG!r})"),
-        nbformat.v4.new_markdown_cell("The end of the notebook."),
-    ]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, workdir / "panel.ipynb")
+    write_notebook(
+        workdir / "panel.ipynb",
+        [
+            nbformat.v4.new_code_cell(f"import nbtrain\nnbtrain.panel({CONFIG!r})"),
+            nbformat.v4.new_markdown_cell("The end of the notebook."),
+        ],
+    )
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with lab_page(lab, "lab/tree/panel.ipynb", {"width": 1400, "height": 1900}) as (_, page, errors):
         # tall enough for the whole panel in one picture
-        page = browser.new_page(viewport={"width": 1400, "height": 1900})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{url}/lab/tree/panel.ipynb?token={token}")
         cells = page.locator(".jp-Notebook .jp-Cell")
         expect(cells).to_have_count(2, timeout=60_000)
         _kernel_idle(url, token)
@@ -109,7 +104,6 @@ def test_panel_form_and_to_cell_inserts_a_runnable_cell_at_once(
         assert new.locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
         assert "Error" not in new.locator(".jp-Cell-outputWrapper").inner_text()
         page.screenshot(path=str(shots / "to-cell-ran.png"))
-        browser.close()
 
     assert not errors, errors
     (run,) = nbtrain.runs()

@@ -19,7 +19,7 @@ import pytest
 
 from nbtrain.contract.rundir import lock_run, write_status
 from nbtrain.hardware import probe
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.browser.conftest import lab_page
 from tests.conftest import ROOT
 from tests.ui.server.fakes import make_run
 
@@ -34,7 +34,7 @@ NOTEBOOK_OWN_ERRORS = ("Cannot read properties of undefined (reading 'schema')",
 def test_sidebar_lists_groups_filters_stops_resumes_and_deletes_runs(
     lab: tuple[str, str], tmp_path: Path, shots: Path
 ) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, token = lab
     make_run("20250101-000000-demo-abcd", name="demo", state="running", step=4, losses=(2.0, 1.5, 1.25))
@@ -48,13 +48,9 @@ def test_sidebar_lists_groups_filters_stops_resumes_and_deletes_runs(
     download = {"repo": "org/big", "done": 3.1e9, "total": 15.2e9, "rate": 40e6, "files": 9}
     write_status(fetching, "starting", phase="downloading model", download=download)
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    viewport = {"width": 1280, "height": 1000}
+    with lab_page(lab, "lab", viewport, device_scale_factor=2) as (_, page, errors):
         # Drawn at twice the pixels: the sidebar's picture is the one in docs/screenshots/.
-        page = browser.new_page(viewport={"width": 1280, "height": 1000}, device_scale_factor=2)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{url}/lab?token={token}")
         tab = page.locator('.jp-SideBar [data-id="nbtrain-runs"]')
         tab.click(timeout=60_000)
 
@@ -182,7 +178,6 @@ def test_sidebar_lists_groups_filters_stops_resumes_and_deletes_runs(
         expect(card("20250102-090000-sweep-aaaa").locator(".nbtrain-state")).to_have_text("stopped")
         expect(page.locator(".nbtrain-run")).to_have_count(4)
         page.screenshot(path=str(shots / "notebook7-sidebar.png"))
-        browser.close()
     assert not [e for e in errors if e not in NOTEBOOK_OWN_ERRORS], errors
     if os.environ.get("NBTRAIN_UPDATE_SCREENSHOTS"):
         DOCS.mkdir(parents=True, exist_ok=True)

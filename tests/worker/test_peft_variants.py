@@ -16,6 +16,7 @@ import nbtrain
 from nbtrain.contract.errors import ConfigError
 from nbtrain.contract.rundir import read_jsonl
 from nbtrain.examples import write_dataset
+from tests.conftest import runs_in
 
 
 def config(model: Path, data: Path, lora: str, steps: int = 12) -> str:
@@ -33,12 +34,8 @@ train: {{max_steps: {steps}, learning_rate: 3.0e-3, per_device_train_batch_size:
 def work(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Path]:
     w = tmp_path_factory.mktemp("peft")
     write_dataset(w / "add.jsonl", n=200)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("NBTRAIN_HOME", str(w / "home"))
-    mp.setenv("NBTRAIN_RUNS_DIR", str(w / "runs"))
-    mp.chdir(w)
-    yield w
-    mp.undo()
+    with runs_in(w):
+        yield w
 
 
 def test_lora_keys_are_peft_s_own_and_checked_before_anything_starts(work: Path, tiny_model: Path) -> None:

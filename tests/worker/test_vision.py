@@ -13,6 +13,7 @@ import pytest
 import nbtrain
 from nbtrain.contract.rundir import read_jsonl
 from nbtrain.examples_vision import COLOURS, QUESTION, write_image_dataset
+from tests.conftest import runs_in
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +33,8 @@ train: {{max_steps: {steps}, learning_rate: 2.0e-2, per_device_train_batch_size:
 def vision_work(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     work = tmp_path_factory.mktemp("vision")
     write_image_dataset(work / "data" / "colours.jsonl", n=96)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("NBTRAIN_HOME", str(work / "home"))
-    mp.setenv("NBTRAIN_RUNS_DIR", str(work / "runs"))
-    mp.chdir(work)
-    yield work
-    mp.undo()
+    with runs_in(work):
+        yield work
 
 
 @pytest.fixture(scope="module")
