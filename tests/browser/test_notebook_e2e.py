@@ -125,6 +125,10 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         # kernel lacks the magics now, so the one cell it inserts loads them first, with no UsageError and
         # no empty cell left behind.
         kernel_id = _kernel_ids(url, token)[0]
+        # Restart an idle kernel, as a user does once the cell has run: a run forked by the warm process is
+        # running within a second, so the kernel may still be sending the dashboard's first figure, and a
+        # restart in the middle of that leaves JupyterLab's kernel connection "Starting" (seen 2 of 3 times).
+        _kernel_idle(url, token)
         _post(url, token, f"api/kernels/{kernel_id}/restart")
         _kernel_idle(url, token)
         # Shift+Enter on the last cell left an empty cell, the active one: the attach cell takes its place.
