@@ -46,6 +46,14 @@ _KEY_NAMES = (
     "HOME", "XDG_CACHE_HOME", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONNOUSERSITE",
     "LD_LIBRARY_PATH", "LD_PRELOAD", "NBTRAIN_LEAN_IMPORTS", "TMPDIR",
 )  # fmt: skip
+# The modules a warm process may become: the training worker (one process; launchers stay cold), the model
+# server and the one-off jobs (the eval job imports scipy itself for lm-eval's metrics). The kernel asks only
+# for these; the warm process checks again and answers "cold" otherwise.
+SERVED = frozenset({
+    "nbtrain.worker", "nbtrain.worker.serve.server", "nbtrain.worker.serve.generate",
+    "nbtrain.worker.jobs.export", "nbtrain.worker.jobs.preview", "nbtrain.worker.jobs.score",
+    "nbtrain.worker.jobs.evaluate",
+})  # fmt: skip
 MAX_REQUEST = 1 << 20
 MAX_FDS = 8
 ENV_OFF = "NBTRAIN_WARM"  # "0": every process starts cold

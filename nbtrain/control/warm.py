@@ -30,14 +30,6 @@ CONNECT_TIMEOUT = 2.0
 REPLY_TIMEOUT = 30.0
 
 
-# What a warm process may become (nbtrain.worker.warm.SERVES; it checks again and answers "cold" otherwise).
-SERVED = frozenset({
-    "nbtrain.worker", "nbtrain.worker.serve.server", "nbtrain.worker.serve.generate",
-    "nbtrain.worker.jobs.export", "nbtrain.worker.jobs.preview", "nbtrain.worker.jobs.score",
-    "nbtrain.worker.jobs.evaluate",
-})  # fmt: skip
-
-
 @dataclass
 class WarmChild:
     """A process the warm process forked: not this process's child, so its exit status comes from the
@@ -69,7 +61,7 @@ class WarmChild:
 
 
 def serves(argv: list[str]) -> bool:
-    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in SERVED
+    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in proto.SERVED
 
 
 def _connect(path: Path) -> socket.socket:

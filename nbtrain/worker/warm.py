@@ -67,13 +67,6 @@ PRELOAD = (
     "nbtrain.worker.callbacks",
 )
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3")
-# The modules a child may become: the training worker (one process; launchers stay cold), the model
-# server and the one-off jobs (the eval job imports scipy itself for lm-eval's metrics).
-SERVES = frozenset({
-    "nbtrain.worker", "nbtrain.worker.serve.server", "nbtrain.worker.serve.generate",
-    "nbtrain.worker.jobs.export", "nbtrain.worker.jobs.preview", "nbtrain.worker.jobs.score",
-    "nbtrain.worker.jobs.evaluate",
-})  # fmt: skip
 STACK = ("torch", "transformers", "datasets", "peft", "trl", "accelerate", "numpy")
 
 
@@ -115,7 +108,7 @@ def refusal(request: dict[str, Any], key: str, started_stamp: str) -> str | None
         return "not an argv list"
     if argv[0] != sys.executable or argv[1] != "-m":
         return f"another interpreter ({argv[0]})"
-    if argv[2] not in SERVES:
+    if argv[2] not in proto.SERVED:
         return f"{argv[2]} is not served warm"
     env = request.get("env")
     if not isinstance(env, dict) or proto.env_key(env) != key:

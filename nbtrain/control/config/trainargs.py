@@ -21,6 +21,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+from nbtrain.contract.adapters import NBTRAIN_LORA_KEYS
 from nbtrain.contract.objectives import OBJECTIVES
 from nbtrain.contract.paths import home_dir
 
@@ -158,9 +159,7 @@ def sft_fields() -> dict[str, FieldSpec]:
 
 # ------------------------------------------------------------------------------------------- lora:
 LORA = "lora"  # fields_for(LORA): peft's LoraConfig, the names lora: takes beside nbtrain's own
-# nbtrain's own names in lora: (-> peft's), and what it sets itself
-LORA_OWN = {"r": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target_modules": "target_modules",
-            "bias": "bias"}  # fmt: skip
+# what nbtrain sets itself (nbtrain's own lora: keys are contract.adapters.NBTRAIN_LORA_KEYS)
 LORA_MANAGED = {
     "lora_alpha": "write alpha: (nbtrain's name for it)",
     "lora_dropout": "write dropout: (nbtrain's name for it)",
@@ -192,14 +191,14 @@ LORA_EXTRA = {"loraplus_lr_ratio": "LoRA+: how much faster the B matrices learn 
 def check_lora_key(key: str) -> str | None:
     """None if ``key`` may be written in lora: (nbtrain's names, peft's LoraConfig fields, LoRA+), else why
     not and what to write."""
-    if key in LORA_OWN or key in LORA_EXTRA:
+    if key in NBTRAIN_LORA_KEYS:
         return None
     if key in LORA_MANAGED:
         return f"'{key}' is not set here: {LORA_MANAGED[key]}"
     fields = fields_for(LORA)
     if key in fields:
         return None
-    known = [*LORA_OWN, *LORA_EXTRA, *(k for k in fields if k not in LORA_MANAGED)]
+    known = list(dict.fromkeys([*NBTRAIN_LORA_KEYS, *(k for k in fields if k not in LORA_MANAGED)]))
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
     hint = (
         f"; did you mean '{close[0]}'?"
@@ -211,7 +210,7 @@ def check_lora_key(key: str) -> str | None:
 
 def check_lora_value(key: str, value: Any) -> str | None:
     """Why ``value`` cannot be ``key`` of lora: (after check_lora_key), or None."""
-    if key in LORA_OWN:
+    if key in NBTRAIN_LORA_KEYS and key not in LORA_EXTRA:
         return None  # nbtrain's own fields: the schema checks them
     if key == "loraplus_lr_ratio":
         ok = (
