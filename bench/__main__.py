@@ -133,10 +133,26 @@ def _warm_jobs(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     return [(f"job start, warm vs cold ({d['model']} model, call to result)", text, "")]
 
 
+def _msswift(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    m, v = d["median"], d["vs_msswift"]
+    sw = m["msswift"]
+    steps = f"{d.get('steps', 40)} steps"
+    first = (f"warm {_x(v['nbtrain_warm']['first_step'])}, cold {_x(v['nbtrain']['first_step'])} of "
+             f"ms-swift's {sw['first_step_s']:.1f} s (LLaMA-Factory {_x(v['llamafactory']['first_step'])}, "
+             f"bare TRL {_x(v['bare_trl']['first_step'])})")  # fmt: skip
+    speed = (f"steps/s (median step) cold {_x(v['nbtrain']['steps_per_s'])}, warm "
+             f"{_x(v['nbtrain_warm']['steps_per_s'])} of ms-swift's {sw['steady_steps_per_s']:.1f}; peak RSS "
+             f"cold {_x(v['nbtrain']['peak_rss'])}, warm {_x(v['nbtrain_warm']['peak_rss'])} of "
+             f"{sw['peak_rss'] / 2**20:.0f} MiB; final loss {m['nbtrain']['final_loss']:.3f} vs "
+             f"{sw['final_loss']:.3f}")  # fmt: skip
+    return [(f"time to first step, nbtrain / ms-swift `swift sft` (tiny, {steps})", first, ""),
+            (f"training, nbtrain / ms-swift `swift sft` (tiny, {steps})", speed, "")]  # fmt: skip
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str]]]] = {
     "overhead": _overhead, "llamafactory": _llamafactory, "latency": _latency, "estimator": _estimator,
     "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu,
-    "warm_jobs": _warm_jobs,
+    "warm_jobs": _warm_jobs, "msswift": _msswift,
 }  # fmt: skip
 
 

@@ -12,10 +12,10 @@ moment of this shared machine hits all three; the table reports medians.
   nbtrain.worker.warm, started once before the repeats, as ``%load_ext nbtrain`` starts it).
 - bare TRL: bench_overhead's script, the same arguments nbtrain resolved.
 - LLaMA-Factory: ``llamafactory-cli train cfg.yaml`` in its own venv (bench/setup_llamafactory.sh);
-  its first step is when trainer_log.jsonl gets its first line. It pins older libraries
+  its step times come from bench/peers.py's step clock. It pins older libraries
   (transformers 5.6, trl 0.24, peft 0.18, accelerate 1.11, datasets 4.0), recorded in the results.
 
-Time to first step is measured from the moment the process is asked for to the first logged step;
+Time to first step is measured from the moment the process is asked for to the end of the first step;
 peak RSS is the whole process tree, sampled every 50 ms (psutil). Where nbtrain's time goes comes from
 one extra run of the real worker in-process with timers around its phases (imports, model load, data
 preparation...). Results go to bench/results/llamafactory.json.
@@ -39,13 +39,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "llamafactory.json"
-LF_VENV = ROOT / "bench" / ".venv-llamafactory"
-LF_CLI = LF_VENV / "bin" / "llamafactory-cli"
+
+from bench.peers import Peer, rotated, run_nbtrain_as, run_peer, start_warm  # noqa: E402
+
+LLAMAFACTORY = Peer(
+    "llamafactory", "LLaMA-Factory", "llamafactory-cli", "llamafactory.train.tuner",
+    ("llamafactory", "torch", "transformers", "trl", "peft", "accelerate", "datasets"),
+)  # fmt: skip
 SYSTEMS = ("nbtrain_warm", "nbtrain", "bare_trl", "llamafactory")
 
 # The real worker (python -m nbtrain.worker RUN_DIR), run in-process with timers around its phases. The
@@ -114,26 +117,16 @@ def lf_files(work: Path, model: Path, data: Path, label: str, steps: int, cfg: d
     return lf
 
 
-def run_llamafactory(lf: Path) -> dict[str, float]:
-    from bench.bench_overhead import watch
-
+def run_llamafactory(lf: Path, skip: int = 2) -> dict[str, float]:
     out = lf / "out"
-    log_path = out / "trainer_log.jsonl"
     if out.exists():
         for f in out.iterdir():
             if f.is_file():
                 f.unlink()
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "DISABLE_VERSION_CHECK": "1"}
-    t0 = time.time()
-    with open(lf / "lf.log", "w") as log:
-        proc = subprocess.Popen([str(LF_CLI), "train", str(lf / "cfg.yaml")], cwd=lf, stdout=log,
-                                stderr=subprocess.STDOUT, env=env)  # fmt: skip
-        peak, first = watch(psutil.Process(proc.pid), lambda: proc.poll() is not None, log_path)
-    if proc.returncode != 0 or first is None:
-        tail = (lf / "lf.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"llamafactory-cli train failed (rc {proc.returncode}):\n{tail}")
+    argv = [str(LLAMAFACTORY.exe), "train", str(lf / "cfg.yaml")]
+    r = run_peer(argv, lf, lf / "lf.log", env={"DISABLE_VERSION_CHECK": "1"}, skip=skip)
     res = json.loads((out / "all_results.json").read_text())
-    return {"first_step_s": first - t0, "steps_per_s": float(res["train_steps_per_second"]), "peak_rss": peak}
+    return {**r, "steps_per_s": float(res["train_steps_per_second"])}
 
 
 def phases(config: str, work: Path) -> dict[str, float]:
@@ -177,30 +170,6 @@ def phases(config: str, work: Path) -> dict[str, float]:
     return {k: round(v, 3) for k, v in parts.items()}
 
 
-def setup() -> str | None:
-    """Run bench/setup_llamafactory.sh (a no-op once the venv works); the failure, if it fails."""
-    log = LF_VENV.with_name(".venv-llamafactory.log")
-    script = ROOT / "bench" / "setup_llamafactory.sh"
-    with open(log, "a") as f:
-        rc = subprocess.run(["bash", str(script)], stdout=f, stderr=subprocess.STDOUT, check=False).returncode
-    if rc == 0 and LF_CLI.exists():
-        return None
-    lines = log.read_text(errors="replace").splitlines()
-    tail = [ln for ln in lines if not ln.startswith("WARNING: Location")]
-    return f"bench/setup_llamafactory.sh failed (rc {rc}); the end of {log}:\n" + "\n".join(tail[-15:])
-
-
-def lf_versions() -> dict[str, str]:
-    code = (
-        "import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
-        "('llamafactory', 'torch', 'transformers', 'trl', 'peft', 'accelerate', 'datasets')}))"
-    )
-    out = subprocess.run(
-        [str(LF_VENV / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True
-    )
-    return dict(json.loads(out.stdout))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -215,33 +184,28 @@ def main() -> int:
         "systems alternate, so the ratios hold better than the absolute seconds",
         "loadavg_start": os.getloadavg(),
     }
-    error = setup()
+    error = LLAMAFACTORY.setup()
     if error is not None:  # the peer could not be installed here: that is the result, recorded as such
         res["error"] = error
         RESULTS.write_text(json.dumps(res, indent=1) + "\n")
         print(error, file=sys.stderr)
         return 1
-    res["versions"] = {"llamafactory_venv": lf_versions()}
+    res["versions"] = {"llamafactory_venv": LLAMAFACTORY.versions()}
 
     import importlib.metadata as md
 
     import nbtrain
-    from bench.bench_overhead import run_bare, run_nbtrain
+    from bench.bench_overhead import run_bare
     from nbtrain.examples import make_tiny_model, write_dataset
 
     res["versions"]["nbtrain_venv"] = {p: md.version(p) for p in ("torch", "transformers", "trl", "peft",
                                                                   "accelerate", "datasets")}  # fmt: skip
-    from nbtrain.control import warm
-
     with tempfile.TemporaryDirectory(prefix="nbtrain-bench-lf-") as d:
         work = Path(d)
         os.environ["NBTRAIN_HOME"] = str(work / "home")
         os.environ["NBTRAIN_RUNS_DIR"] = str(work / "runs")
         os.chdir(work)
-        warm.start()
-        while not [w for w in warm.status() if w["this_kernel"]]:
-            time.sleep(0.2)
-        res["warm_process"] = warm.status()[0]
+        res["warm_process"] = start_warm()
         data = write_dataset(work / "data.jsonl", n=400)
         builders: dict[str, dict[str, int]] = {"tiny": {}, "40M": {"hidden_size": 512, "num_layers": 12}}
         for label in args.models.split(","):
@@ -267,13 +231,9 @@ def main() -> int:
             lf = lf_files(work, model, data, label, args.steps, cfg)
             samples: dict[str, list[dict[str, float]]] = {s: [] for s in SYSTEMS}
             for i in range(args.repeats):
-                order = SYSTEMS[i % len(SYSTEMS) :] + SYSTEMS[: i % len(SYSTEMS)]
-                for system in order:
+                for system in rotated(SYSTEMS, i):
                     if system.startswith("nbtrain"):
-                        os.environ["NBTRAIN_WARM"] = "1" if system == "nbtrain_warm" else "0"
-                        r = run_nbtrain(config, work, f"{label}-{system}-{i}")
-                        log = next((work / "runs").glob(f"*{label}-{system}-{i}*/logs/rank0.log")).read_text()
-                        assert ("cold start" in log) == (system == "nbtrain"), log[:400]
+                        r = run_nbtrain_as(system == "nbtrain_warm", config, work, f"{label}-{system}-{i}")
                     elif system == "bare_trl":
                         r = run_bare(resolved, work)
                     else:
@@ -296,6 +256,8 @@ def main() -> int:
                 "samples": samples,
                 "llamafactory_config": (lf / "cfg.yaml").read_text(),
             }  # fmt: skip
+        from nbtrain.control import warm
+
         warm.stop()
     res["loadavg_end"] = os.getloadavg()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -38,11 +38,15 @@ BARE = textwrap.dedent(
 
     resolved = json.load(open(sys.argv[1]))
     cfg, args = resolved["config"], resolved["train_args"]
-    steps = []
+    steps, losses = [], []
 
     class Steps(TrainerCallback):
         def on_step_end(self, a, state, control, **kw):
             steps.append(time.time())
+
+        def on_log(self, a, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
 
     set_seed(args.get("seed", 42))
     tok = AutoTokenizer.from_pretrained(cfg["model"])
@@ -55,33 +59,26 @@ BARE = textwrap.dedent(
                          processing_class=tok, callbacks=[Steps()])
     out = trainer.train()
     print("RESULT", json.dumps({"first_step_s": steps[0] - T0, "step_times": steps,
-                                "steps_per_s": out.metrics["train_steps_per_second"]}), flush=True)
+                                "steps_per_s": out.metrics["train_steps_per_second"],
+                                "final_loss": losses[-1]}), flush=True)
     """
 )
 
 
-def watch(proc: psutil.Process, done: Any, first_line: Path | None = None) -> tuple[int, float | None]:
-    """Peak RSS of ``proc`` and its children until ``done()``; with ``first_line``, also when that file
-    first had a line (its modification time then: the write itself, not when this loop saw it)."""
-    peak, first = 0, None
+def watch(proc: psutil.Process, done: Any) -> int:
+    """Peak RSS of ``proc`` and its children, sampled every 50 ms until ``done()``."""
+    peak = 0
     while not done():
         try:
             procs = [proc, *proc.children(recursive=True)]
             peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
         except psutil.Error:
             pass
-        if first_line is not None and first is None:
-            try:
-                st = first_line.stat()
-                if st.st_size > 0:
-                    first = st.st_mtime
-            except FileNotFoundError:
-                pass
         time.sleep(0.05)
-    return peak, first
+    return peak
 
 
-def run_nbtrain(config: str, workdir: Path, name: str) -> dict[str, float]:
+def run_nbtrain(config: str, workdir: Path, name: str, skip: int = 2) -> dict[str, float]:
     import nbtrain
     from nbtrain.control import process as launch
 
@@ -89,7 +86,7 @@ def run_nbtrain(config: str, workdir: Path, name: str) -> dict[str, float]:
     run = nbtrain.finetune(config, name=name)
     info = launch.read_launch(run.paths)
     assert info is not None
-    peak, _ = watch(psutil.Process(info["pid"]), lambda: not launch.group_alive(info))
+    peak = watch(psutil.Process(info["pid"]), lambda: not launch.group_alive(info))
     st = run.wait(timeout=1800)
     m = run.metrics()
     m = m[m["loss"].notna()]  # one row per step (logging_steps 1), written as the step ends
@@ -97,7 +94,8 @@ def run_nbtrain(config: str, workdir: Path, name: str) -> dict[str, float]:
     return {
         "first_step_s": float(times[0]) - t0,
         "steps_per_s": float(st.summary["train_steps_per_second"]),
-        "steady_steps_per_s": steady(times),
+        "steady_steps_per_s": steady(times, skip),
+        "final_loss": float(m["loss"].iloc[-1]),
         "peak_rss": peak,
     }
 
@@ -110,7 +108,7 @@ def steady(step_times: list[float], skip: int = 2) -> float:
     return 1.0 / statistics.median(b - a for a, b in itertools.pairwise(times))
 
 
-def run_bare(resolved: Path, workdir: Path) -> dict[str, float]:
+def run_bare(resolved: Path, workdir: Path, skip: int = 2) -> dict[str, float]:
     script = workdir / "bare.py"
     script.write_text(BARE)
     t0 = time.time()
@@ -118,10 +116,10 @@ def run_bare(resolved: Path, workdir: Path) -> dict[str, float]:
     with open(workdir / "bare.log", "w") as log:
         proc = subprocess.Popen([sys.executable, str(script), str(resolved), str(workdir / "ckpt"), str(t0)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
-        peak, _ = watch(psutil.Process(proc.pid), lambda: proc.poll() is not None)
+        peak = watch(psutil.Process(proc.pid), lambda: proc.poll() is not None)
     line = next(ln for ln in (workdir / "bare.log").read_text().splitlines() if ln.startswith("RESULT"))
     got = json.loads(line.removeprefix("RESULT "))
-    got["steady_steps_per_s"] = steady(got.pop("step_times"))
+    got["steady_steps_per_s"] = steady(got.pop("step_times"), skip)
     return {**got, "peak_rss": peak}
 
 

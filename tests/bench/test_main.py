@@ -35,3 +35,24 @@ def test_table_lists_gpu_rows_when_the_gpu_section_ran(tmp_path: Path) -> None:
     want = "| GPU 7b qlora, nbtrain auto | 1234 tok/s, peak 3.0 GiB, batch 16x2, MFU 45.7% | 1 x H200 |"
     assert want in text
     assert "not measured" not in text
+
+
+def test_table_summarises_msswift_as_nbtrain_over_ms_swift(tmp_path: Path) -> None:
+    keys = ("first_step_s", "steady_steps_per_s", "peak_rss", "final_loss")
+    med = {s: dict(zip(keys, v, strict=True)) for s, v in {
+        "msswift": (20.0, 10.0, 1600 * 2**20, 6.18), "nbtrain": (5.0, 90.0, 520 * 2**20, 6.182),
+        "nbtrain_warm": (1.0, 80.0, 440 * 2**20, 6.182), "llamafactory": (6.0, 85.0, 650 * 2**20, 5.84),
+        "bare_trl": (5.5, 88.0, 610 * 2**20, 6.182)}.items()}  # fmt: skip
+    sw = med["msswift"]
+    vs = {s: {"first_step": m["first_step_s"] / sw["first_step_s"],
+              "peak_rss": m["peak_rss"] / sw["peak_rss"],
+              "steps_per_s": m["steady_steps_per_s"] / sw["steady_steps_per_s"]}
+          for s, m in med.items()
+          if s != "msswift"}  # fmt: skip
+    (tmp_path / "msswift.json").write_text(json.dumps({"date": "2026-12-02 18:00 UTC", "steps": 40,
+                                                       "median": med, "vs_msswift": vs}))  # fmt: skip
+    rows = [r for r in table(tmp_path).splitlines() if "msswift.json, 2026-12-02" in r]
+    assert len(rows) == 2, rows
+    assert "warm 0.05x, cold 0.25x of ms-swift's 20.0 s (LLaMA-Factory 0.30x, bare TRL 0.28x)" in rows[0]
+    assert "steps/s (median step) cold 9.00x, warm 8.00x of ms-swift's 10.0" in rows[1]
+    assert "peak RSS cold 0.33x, warm 0.28x of 1600 MiB; final loss 6.182 vs 6.180" in rows[1]
