@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-install: $(STAMP)
+install: $(STAMP) libaio
 
 demo: install
 	$(PY) -m nbtrain.ui.demo
@@ -81,6 +81,21 @@ chromium:
 	else \
 		echo "make test needs Debian's chromium for the browser tests; run: sudo apt-get install -y chromium" >&2; \
 		exit 1; \
+	fi
+
+# offload: nvme (DeepSpeed ZeRO-Infinity) builds DeepSpeed's async_io op against libaio's header and library
+# on first use. Installed like chromium when we may (root with apt-get); otherwise the command to run is
+# printed and everything else works (the NVMe test skips, saying why).
+.PHONY: libaio
+libaio:
+	@if [ -e /usr/include/libaio.h ] || [ -e /usr/local/include/libaio.h ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "libaio-dev is missing (offload: nvme needs it): installing Debian's package"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev || \
+			{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev; }; \
+	else \
+		echo "note: offload: nvme needs libaio's header and library: sudo apt-get install -y libaio-dev" \
+			"(Fedora: dnf install libaio-devel); the rest of nbtrain works without it" >&2; \
 	fi
 
 # Only the JupyterLab tests in headless Debian chromium.

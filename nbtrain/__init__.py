@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "estimate": "nbtrain.ui.estimate_chart",
     "probe": "nbtrain.control.start",
     "example_data": "nbtrain.control.start",
+    "example_model": "nbtrain.control.start",
     "make_tiny_model": "nbtrain.control.start",
     "make_tiny_vlm": "nbtrain.control.start",
     "example_images": "nbtrain.control.start",
@@ -45,6 +46,9 @@ _EXPORTS: dict[str, str] = {
     "EvalReport": "nbtrain.control.evaluate",
     "evaluate": "nbtrain.control.evaluate",
     "latest_eval": "nbtrain.control.evaluate",
+    "AccuracyReport": "nbtrain.control.evaluate",
+    "accuracy": "nbtrain.control.evaluate",
+    "latest_accuracy": "nbtrain.control.evaluate",
     "ExportResult": "nbtrain.control.export",
     "export": "nbtrain.control.export",
     "CheckReport": "nbtrain.control.grading",
@@ -91,7 +95,14 @@ def load_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:  # what static checkers and editors see; at run time __getattr__ imports on first use
     from nbtrain.contract.errors import ConfigError, NbtrainError, RunFailed, RunNotFound
-    from nbtrain.control.evaluate import EvalReport, evaluate, latest_eval
+    from nbtrain.control.evaluate import (
+        AccuracyReport,
+        EvalReport,
+        accuracy,
+        evaluate,
+        latest_accuracy,
+        latest_eval,
+    )
     from nbtrain.control.export import ExportResult, export
     from nbtrain.control.grading import CheckReport, check, record, records
     from nbtrain.control.runs.run import RunStatus
@@ -100,6 +111,7 @@ if TYPE_CHECKING:  # what static checkers and editors see; at run time __getattr
         Prepared,
         example_data,
         example_images,
+        example_model,
         make_tiny_model,
         make_tiny_vlm,
         prepare,
@@ -111,6 +123,7 @@ if TYPE_CHECKING:  # what static checkers and editors see; at run time __getattr
     from nbtrain.worker.runlog import log, should_stop
 
 __all__ = [
+    "AccuracyReport",
     "CheckReport",
     "ConfigError",
     "DataPreview",
@@ -123,15 +136,18 @@ __all__ = [
     "RunNotFound",
     "RunStatus",
     "__version__",
+    "accuracy",
     "check",
     "estimate",
     "evaluate",
     "example_data",
     "example_images",
+    "example_model",
     "export",
     "finetune",
     "get_run",
     "last_run",
+    "latest_accuracy",
     "latest_eval",
     "launch_function",
     "load_ipython_extension",

@@ -48,12 +48,28 @@ def wrong_answer(answer: str, rng: random.Random) -> str:
     return f"{lhs} = {int(total) + delta}"
 
 
+def word_answer(rng: random.Random) -> str:
+    """A few common words and no sum: the rejected side of the ``rejected="words"`` preference data."""
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6)))
+
+
 def preference_rows(
-    fmt: str = "preference", n: int = 200, seed: int = 0, *, conversational: bool = True
+    fmt: str = "preference",
+    n: int = 200,
+    seed: int = 0,
+    *,
+    conversational: bool = True,
+    rejected: str = "wrong",
 ) -> list[dict[str, Any]]:
     """The addition task as preference data: ``preference`` (chosen = the correct sum, rejected = a
     wrong one), ``unpaired`` (KTO: one completion per row, label true when it is correct, alternating)
-    or ``prompt`` (GRPO: the question, plus an ``answer`` column a reward function can check)."""
+    or ``prompt`` (GRPO: the question, plus an ``answer`` column a reward function can check).
+
+    ``rejected="words"``: the rejected answer is a few common words instead of a wrong sum, a preference
+    (answers written as sums) that a reward model on the tiny model learns in a few steps (the RLHF loop
+    of lab 3: a reward model on these pairs, then RLOO against it)."""
+    if rejected not in ("wrong", "words"):
+        raise ValueError(f"rejected is 'wrong' (a wrong sum) or 'words' (common words), not {rejected!r}")
     rng = random.Random(seed + 1)
     rows: list[dict[str, Any]] = []
     for i, (q, a) in enumerate(addition_items(n, seed)):
@@ -63,7 +79,8 @@ def preference_rows(
             return [{"role": "assistant", "content": text}] if conversational else text
 
         if fmt == "preference":
-            rows.append({"prompt": prompt, "chosen": said(a), "rejected": said(wrong_answer(a, rng))})
+            bad = wrong_answer(a, rng) if rejected == "wrong" else word_answer(rng)
+            rows.append({"prompt": prompt, "chosen": said(a), "rejected": said(bad)})
         elif fmt == "unpaired":
             good = i % 2 == 0
             rows.append(
@@ -149,12 +166,16 @@ def write_dataset(
     return p
 
 
+# Common words, a line of the tokenizer's training text beside the sums.
+WORD_LINE = "the a of to and in is it you that he was for on are with as I his they be at one have this"
+WORDS = WORD_LINE.split()
+
+
 def _corpus() -> list[str]:
     lines = []
     for q, a in addition_items(2000, seed=1):
         lines.append(f"<|user|>\n{q}<|end|>\n<|assistant|>\n{a}<|end|>\n")
-    words = "the a of to and in is it you that he was for on are with as I his they be at one have this"
-    lines += [words] * 20
+    lines += [WORD_LINE] * 20
     return lines
 
 

@@ -32,3 +32,14 @@ def test_conversations_to_csv_and_unknown_suffixes_are_refused_with_what_works(t
     with pytest.raises(NbtrainError, match=r"\.jsonl, \.ndjson, \.json or \.csv, not '\.txt'"):
         nbtrain.example_data(tmp_path / "add.txt", fmt="alpaca", n=20)
     assert not (tmp_path / "add.csv").exists() and not (tmp_path / "add.txt").exists()
+
+
+def test_word_rejections_pair_each_sum_with_a_few_words_and_other_kinds_are_refused() -> None:
+    from nbtrain.examples import WORDS, preference_rows
+
+    rows = preference_rows("preference", n=20, rejected="words", conversational=False)
+    for row in rows:
+        assert " = " in row["chosen"] and any(ch.isdigit() for ch in row["chosen"])
+        assert 3 <= len(row["rejected"].split()) <= 6 and set(row["rejected"].split()) <= set(WORDS)
+    with pytest.raises(ValueError, match=r"rejected is 'wrong' .* or 'words' .*, not 'noise'"):
+        preference_rows("preference", n=2, rejected="noise")

@@ -4,9 +4,9 @@ The kernel uses this to reject bad data before anything starts; the worker uses 
 turn every row into what the TRL trainer of the objective takes:
 
 - sft: conversational ``messages`` or plain ``text`` (from messages / alpaca / sharegpt / text rows)
-- dpo, orpo (and kto): ``preference`` rows ``{prompt?, chosen, rejected}``
+- dpo, orpo, reward (and kto): ``preference`` rows ``{prompt?, chosen, rejected}``
 - kto: ``unpaired`` rows ``{prompt, completion, label}`` (label true = desirable)
-- grpo: ``prompt`` rows ``{prompt, ...}``; the other columns go to the reward functions
+- grpo, rloo: ``prompt`` rows ``{prompt, ...}``; the other columns go to the reward functions
 
 Preference, unpaired and prompt rows hold either plain strings or conversational lists of
 ``{role, content}`` messages (one style per dataset). ``data: columns:`` renames odd column names to
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from nbtrain.contract.images import ImageRowError, flatten, has_images, to_parts
-from nbtrain.contract.objectives import OBJECTIVES
+from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
 
 # Data files by suffix -> the `datasets` builder that reads them (the one table; the check, the loader and
 # the eval job all look here).
@@ -143,13 +143,13 @@ def _other_kind(row: Mapping[str, Any], objective: str) -> tuple[str, str] | Non
     sft = detect_format(row)
     if sft is not None and objective != "sft" and not any(_looks_like(row, f) for f in ALIGNMENT_FORMATS):
         return f"SFT data ({sft})", "objective: sft"
-    if objective == "sft" or objective == "grpo":
+    if objective == "sft" or objective in rewards_objectives():
         if _looks_like(row, "preference"):
-            return "preference data (chosen/rejected)", "objective: dpo, orpo or kto"
+            return "preference data (chosen/rejected)", "objective: dpo, orpo, kto or reward"
         if _looks_like(row, "unpaired"):
             return "unpaired preference data (completion/label)", "objective: kto"
     if objective == "sft" and _looks_like(row, "prompt"):
-        return "prompt-only data (no answer to learn from)", "objective: grpo (with rewards:)"
+        return "prompt-only data (no answer to learn from)", "objective: grpo or rloo (with rewards:)"
     return None
 
 

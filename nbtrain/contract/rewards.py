@@ -1,11 +1,16 @@
-"""GRPO reward functions: the built-ins, and capturing the notebook's own for a detached worker.
+"""The rewards of GRPO and RLOO: the built-ins, the notebook's own functions captured for a detached
+worker, and reward models.
 
     rewards: [my_reward, format_reward, length_reward]
+    rewards: [{model: rm-run}, format_reward]       # a reward model, with functions or alone
 
-Each name is a function defined in the notebook or a built-in below. A worker is a separate process
-that outlives the kernel, so the notebook's functions are serialised with cloudpickle when the run is
-prepared (kernel side: stdlib + cloudpickle, never torch) and written to ``<run dir>/rewards.pkl``;
-the worker loads them from there. Built-ins travel by name and come from the worker's nbtrain.
+Each name is a function defined in the notebook or a built-in below. ``{model: ...}`` is a reward model
+(a sequence classifier with one output): an ``objective: reward`` run (its id, name or directory), a model
+folder or a Hub id; the kernel resolves it before anything starts (``nbtrain.control.config.rewardmodels``)
+and the worker loads it (``nbtrain.worker.tuned.load_reward_model``). The notebook's functions are
+captured as every notebook object a run uses is (``nbtrain.contract.notebook``: cloudpickle, when the run
+is prepared) and written to ``<run dir>/rewards.pkl``; the worker loads them from there. Built-ins travel
+by name and come from the worker's nbtrain.
 
 TRL calls every reward as ``f(prompts=..., completions=..., completion_ids=..., trainer_state=...,
 <each dataset column>=..., ...)`` and wants one float (or None) per completion back, so a reward must
@@ -14,15 +19,15 @@ take ``**kwargs``. A completion is a string, or a list of messages when the prom
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtrain.contract.pickles import read_trusted
+from nbtrain.contract.notebook import dumps, missing, notebook_namespace, pickle_problem
+from nbtrain.contract.notebook import load as load_captured
 
 REWARDS_FILE = "rewards.pkl"
 
@@ -68,39 +73,28 @@ BUILTINS: dict[str, Callable[..., list[float]]] = {
     "length_reward": length_reward,
 }
 
+# ------------------------------------------------------------------------------------- reward models
+
+
+@dataclass(frozen=True)
+class RewardModel:
+    """A ``{model: ...}`` entry of ``rewards:`` as the kernel resolved it: ``source`` is an nbtrain run
+    directory (objective: reward), a model folder (absolute paths) or a Hub id."""
+
+    source: str
+
+
+def label(entry: Any) -> str:
+    """How an entry of ``rewards:`` is shown (the dry run, the log): a function's name, or the model's."""
+    if isinstance(entry, RewardModel):
+        return f"model {entry.source}"
+    if isinstance(entry, Mapping) and "model" in entry:
+        return f"model {entry['model']}"
+    model = getattr(entry, "model", None)  # the config's {model: ...} entry
+    return f"model {model}" if isinstance(model, str) else str(getattr(entry, "__name__", entry))
+
+
 # --------------------------------------------------------------------------------- kernel: capture
-
-
-def notebook_namespace() -> Mapping[str, Any]:
-    """The namespace names in ``rewards:`` are looked up in: the IPython user namespace when running in a
-    kernel (the magic, the panel, ``nbtrain.finetune`` from a cell), else the ``__main__`` module."""
-    if "IPython" in sys.modules:  # only ask IPython when it is already there; never import it
-        from IPython import get_ipython
-
-        ip = get_ipython()
-        if ip is not None:
-            ns: Mapping[str, Any] = ip.user_ns
-            return ns
-    main = sys.modules.get("__main__")
-    return vars(main) if main is not None else {}
-
-
-def _by_value(fn: Any) -> list[Any]:
-    """Modules of ``fn`` that the worker cannot import (a .py file next to the notebook): cloudpickle
-    pickles functions of importable modules by reference, which would fail in the worker's directory."""
-    import cloudpickle
-
-    mod = sys.modules.get(getattr(fn, "__module__", "") or "")
-    path = getattr(mod, "__file__", None)
-    if mod is None or mod.__name__ == "__main__" or not path:
-        return []
-    if mod.__name__ in cloudpickle.list_registry_pickle_by_value():
-        return []  # the user registered it already; leave their registration alone
-    try:
-        Path(path).resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        return []
-    return [mod]
 
 
 def _signature_problem(name: str, fn: Callable[..., Any]) -> str | None:
@@ -118,82 +112,51 @@ def _signature_problem(name: str, fn: Callable[..., Any]) -> str | None:
 
 
 def capture(
-    names: Sequence[str], namespace: Mapping[str, Any] | None = None
+    names: Sequence[str | RewardModel], namespace: Mapping[str, Any] | None = None
 ) -> tuple[bytes | None, list[tuple[int, str]]]:
     """Serialise the rewards named in ``rewards:``; returns (payload, [(index, problem), ...]).
 
     A name found in the namespace is the notebook's function (even if it shadows a built-in); other
-    names must be built-ins. The payload is None when there are problems.
+    names must be built-ins. A ``RewardModel`` (resolved by the kernel) travels as its source. The
+    payload is None when there are problems.
     """
-    import cloudpickle
-
     ns = notebook_namespace() if namespace is None else namespace
     entries: list[dict[str, Any]] = []
     problems: list[tuple[int, str]] = []
     for i, name in enumerate(names):
+        if isinstance(name, RewardModel):
+            entries.append({"name": label(name), "model": name.source})
+            continue
         fn = ns.get(name)
         if fn is None or fn is BUILTINS.get(name):
             if name in BUILTINS:
                 entries.append({"name": name, "builtin": name})
                 continue
-            known = [k for k, v in ns.items() if callable(v) and not k.startswith("_")] + list(BUILTINS)
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-            hint = f"did you mean '{close[0]}'? Otherwise define" if close else "define"
-            problems.append(
-                (
-                    i,
-                    f"no function named {name!r} in the notebook; {hint} it in a cell run before this "
-                    f"one, or use a built-in reward ({', '.join(BUILTINS)})",
-                )
-            )
+            hint = missing(name, ns, also=list(BUILTINS))
+            problems.append((i, f"{hint}, or use a built-in reward ({', '.join(BUILTINS)})"))
             continue
         if not callable(fn):
             problems.append((i, f"{name!r} in the notebook is a {type(fn).__name__}, not a function"))
             continue
-        sig_problem = _signature_problem(name, fn)
-        if sig_problem:
-            problems.append((i, sig_problem))
+        problem = _signature_problem(name, fn) or pickle_problem(fn, f"reward function {name!r}")
+        if problem:
+            problems.append((i, problem))
             continue
-        modules = _by_value(fn)
-        try:
-            for m in modules:
-                cloudpickle.register_pickle_by_value(m)
-            cloudpickle.dumps(fn)
-        except Exception as e:  # noqa: BLE001 - any pickling failure gets the same advice
-            problems.append(
-                (
-                    i,
-                    f"reward function {name!r} cannot be serialised for the training process "
-                    f"({type(e).__name__}: {e}); make it self-contained: import inside it, and do not "
-                    f"capture open files, locks, generators or live connections",
-                )
-            )
-            continue
-        finally:
-            for m in modules:
-                cloudpickle.unregister_pickle_by_value(m)
-        entries.append({"name": name, "fn": fn, "by_value": [m.__name__ for m in modules]})
+        entries.append({"name": name, "fn": fn})
     if problems:
         return None, problems
-    # Several rewards may come from one local module: register it once (unregistering twice fails).
-    by_value = list({n: sys.modules[n] for e in entries for n in e.get("by_value", [])}.values())
-    try:
-        for m in by_value:
-            cloudpickle.register_pickle_by_value(m)
-        payload: bytes = cloudpickle.dumps(entries)
-    finally:
-        for m in by_value:
-            cloudpickle.unregister_pickle_by_value(m)
-    return payload, []
+    return dumps(entries, [e["fn"] for e in entries if "fn" in e]), []
 
 
 # ---------------------------------------------------------------------------------- worker: load
 
 
-def load(path: str | Path) -> list[Callable[..., Any]]:
-    """The reward functions of a run, in the order of ``rewards:``. The file is loaded only when it is
-    yours and nobody else can write it (nbtrain.contract.pickles); else ``UntrustedPickle`` says why."""
-    import cloudpickle
-
-    entries = cloudpickle.loads(read_trusted(path))
-    return [BUILTINS[e["builtin"]] if "builtin" in e else e["fn"] for e in entries]
+def load(path: str | Path) -> list[Callable[..., Any] | RewardModel]:
+    """The rewards of a run, in the order of ``rewards:``: functions, and the reward models to load. The
+    file is loaded only when it is yours and nobody else can write it (nbtrain.contract.pickles); else
+    ``UntrustedPickle`` says why."""
+    entries = load_captured(path)
+    return [
+        BUILTINS[e["builtin"]] if "builtin" in e else RewardModel(e["model"]) if "model" in e else e["fn"]
+        for e in entries
+    ]

@@ -8,12 +8,19 @@ Held-out loss and perplexity on the run's eval split (or a data file), for the t
 ``compare_base``, the base model; ``tasks`` adds lm-evaluation-harness tasks (names, or local task YAML
 files / directories). Each evaluation is kept in ``<run>/eval/<time>.json`` (and ``latest.json``);
 ``latest_eval(run)`` reads the last one back without running anything.
+
+    acc = nbtrain.accuracy(run, questions, answers)     # exact match of greedy answers, base and tuned
+    acc.summary(); acc.table()                          # prompt, expected, before, after
+
+``accuracy`` asks the model through ``run.generate`` (the run's server, else one-shot processes) and keeps
+its last report in ``<run>/eval/accuracy.json`` (``latest_accuracy(run)``).
 """
 
 from __future__ import annotations
 
 import html
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,3 +174,108 @@ def evaluate(
         raise NbtrainError(f"evaluation of run {r.id} failed: {res.get('error')}; see {log}")
     path = Path(res["path"])
     return EvalReport(path, read_json(path))
+
+
+# ------------------------------------------------------------------ exact match on held-out prompts
+
+ACCURACY_FILE = "accuracy.json"  # in EVAL_DIR: the run's last accuracy check
+
+
+@dataclass
+class AccuracyReport:
+    """Greedy answers to prompts the run did not train on, each checked against its expected answer:
+    ``after`` (the tuned model) and ``before`` (the base), as stored in ``<run>/eval/accuracy.json``."""
+
+    path: Path
+    data: dict[str, Any]
+
+    @staticmethod
+    def _share(answers: list[str], expected: list[str]) -> float:
+        return sum(a.strip() == e.strip() for a, e in zip(answers, expected, strict=True)) / len(expected)
+
+    @property
+    def accuracy(self) -> float:
+        """The share of prompts the tuned model answers exactly right."""
+        return self._share(self.data["after"], self.data["expected"])
+
+    @property
+    def accuracy_before(self) -> float | None:
+        """The same share for the base model (None when it was not asked)."""
+        before = self.data.get("before")
+        return None if before is None else self._share(before, self.data["expected"])
+
+    def table(self) -> pd.DataFrame:
+        """One row per prompt: the question, the expected answer, the base's and the tuned model's."""
+        import pandas as pd
+
+        def question(p: Any) -> str:  # a list of messages shows its last one
+            return p if isinstance(p, str) else str(p[-1]["content"])
+
+        cols: dict[str, list[str]] = {
+            "prompt": [question(p) for p in self.data["prompts"]],
+            "expected": self.data["expected"],
+        }
+        if self.data.get("before") is not None:
+            cols["before"] = self.data["before"]
+        cols["after"] = self.data["after"]
+        return pd.DataFrame(cols)
+
+    def summary(self) -> str:
+        n, before = len(self.data["expected"]), self.accuracy_before
+        change = "" if before is None else f"{before:.2f} -> "
+        return f"accuracy on {n} held-out prompts: {change}{self.accuracy:.2f} (exact match, greedy)"
+
+    def __repr__(self) -> str:
+        return f"{self.summary()}\n{self.table().to_string()}"
+
+    def _repr_html_(self) -> str:
+        return f"<b>{html.escape(self.summary())}</b><br>{self.table().to_html(index=False)}"
+
+
+def accuracy(
+    run: str | Path | Run,
+    prompts: Sequence[Any],
+    expected: Sequence[str],
+    *,
+    compare_base: bool = True,
+    max_new_tokens: int = 32,
+    timeout: float = 600.0,
+) -> AccuracyReport:
+    """Ask the run's model (and with ``compare_base`` its base) each prompt, greedily, and count the
+    answers equal to the expected ones (surrounding white space aside). Prompts are user messages (or
+    lists of messages) put through the chat template, as ``run.generate`` sends them; the answers come
+    from the run's server when one is up, else from one-shot processes. The report, with every answer,
+    is also kept in ``<run>/eval/accuracy.json``."""
+    from nbtrain.contract.rundir import atomic_write_json
+    from nbtrain.control.serve import generate
+
+    problems = []
+    if not prompts:
+        problems.append("no prompts given")
+    if len(prompts) != len(expected):
+        problems.append(f"{len(prompts)} prompts but {len(expected)} expected answers: give one per prompt")
+    if max_new_tokens < 1:
+        problems.append(f"max_new_tokens must be at least 1, not {max_new_tokens}")
+    if problems:
+        raise NbtrainError("accuracy not measured: " + "; ".join(problems))
+    r = get_run(run)
+    prompts, expected = list(prompts), [str(e) for e in expected]
+    after = generate(r, prompts, max_new_tokens=max_new_tokens, timeout=timeout)
+    before = None
+    if compare_base:  # a LoRA run's base is the same weights with the adapter off
+        before = generate(r, prompts, base=True, max_new_tokens=max_new_tokens, timeout=timeout)
+    data = {"run_id": r.id, "step": r.status().step, "prompts": prompts, "expected": expected,
+            "before": before, "after": after}  # fmt: skip
+    path = r.dir / EVAL_DIR / ACCURACY_FILE
+    path.parent.mkdir(exist_ok=True)
+    atomic_write_json(path, data)
+    return AccuracyReport(path, data)
+
+
+def latest_accuracy(run: str | Path | Run) -> AccuracyReport:
+    """The run's last accuracy check (``nbtrain.accuracy``), read back without asking the model again."""
+    r = get_run(run)
+    path = r.dir / EVAL_DIR / ACCURACY_FILE
+    if not path.exists():
+        raise NbtrainError(f"run {r.id} has no accuracy check yet; run nbtrain.accuracy({r.id!r}, ...) first")
+    return AccuracyReport(path, read_json(path))

@@ -61,6 +61,12 @@ FRAGMENTATION = 0.10  # caching-allocator reserve beyond live tensors during tra
 DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce_bucket_size (elements); nbtrain does not set it
 DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
 DS_MAX_REUSE_DISTANCE = 1_000_000_000  # DeepSpeed's default stage3_max_reuse_distance (elements)
+# offload: nvme (ZeRO-Infinity): the pinned RAM buffers its swapping goes through. DeepSpeed's defaults for
+# the buffer counts; nbtrain writes the parameter buffer's size (the largest partition) and a sub-group size
+# of 1e8 (DeepSpeed's 1e9 would make each optimizer buffer up to 4 GB: it holds a whole fp32 sub-group).
+NVME_PARAM_BUFFERS = 5  # offload_param.buffer_count
+NVME_OPTIMIZER_BUFFERS = 4  # offload_optimizer.buffer_count
+NVME_SUB_GROUP = 100_000_000  # zero_optimization.sub_group_size nbtrain writes with offload: nvme
 
 # Quantisation constants (bitsandbytes defaults, as transformers' BitsAndBytesConfig uses them).
 NF4_BLOCK = 64  # weights per absmax in 4-bit
@@ -575,7 +581,7 @@ def zero_model_states(
         cpu_grads=4 * psi / n,  # the fp32 gradient partition the CPU optimizer steps on
         cpu_optimizer=master + moments,
     )
-    if offload == "optimizer+params":
+    if offload in ("optimizer+params", "nvme"):  # nvme: the same partitions, swapped on to disk
         ms = ModelStates(**{**asdict(ms), "weights": 0.0, "cpu_weights": weights})
     return ms
 
@@ -642,6 +648,12 @@ class Estimate:
     # and every parameter ZeRO-3 keeps gathered from forward to backward (see ``resident_param_bytes``).
     gathered_bytes: int = 0
     resident_param_bytes: int = 0
+    disk_parts: dict[str, int] = field(default_factory=dict)  # offload: nvme: part -> bytes per node on disk
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes per node in ZeRO-Infinity's swap files (offload: nvme), 0 otherwise."""
+        return sum(self.disk_parts.values())
 
     @property
     def per_device_bytes(self) -> int:
@@ -663,6 +675,8 @@ class Estimate:
             "parts": dict(self.parts),
             "cpu_bytes": self.cpu_bytes,
             "cpu_parts": dict(self.cpu_parts),
+            "disk_bytes": self.disk_bytes,
+            "disk_parts": dict(self.disk_parts),
             "total_params": self.params.total,
             "vision_params": {"encoder": self.params.vision, "projector": self.params.projector},
             "trainable_params": self.trainable_params,
@@ -692,6 +706,8 @@ class Estimate:
             lines.append(f"  {part:<{width}} {gib(self.parts[part]):>10}  {self.details.get(part, '')}")
         if self.cpu_bytes:
             lines.append(f"host RAM per node: {gib(self.cpu_bytes)}  {self.details.get('cpu', '')}")
+        if self.disk_bytes:
+            lines.append(f"disk per node: {gib(self.disk_bytes)}  {self.details.get('disk', '')}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -753,7 +769,7 @@ def _check_combination(method: str, strategy: str, offload: str, world_size: int
             raise EstimateError(f"{what} is {', '.join(allowed[:-1])} or {allowed[-1]}, not {value!r}")
     if offload != "none" and strategy not in ZERO_STAGES:
         raise EstimateError(f"offload needs a DeepSpeed ZeRO strategy (zero1/2/3), not strategy {strategy}")
-    if offload == "optimizer+params" and strategy != "zero3":
+    if offload in ("optimizer+params", "nvme") and strategy != "zero3":
         raise EstimateError(
             "offloading parameters needs zero3 (ZeRO-1/2 keep every parameter on each device)"
         )
@@ -790,6 +806,7 @@ class _Layout:
     parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     cpu_parts: dict[str, float] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)
+    disk_parts: dict[str, float] = field(default_factory=dict)  # offload: nvme, per node
 
 
 @dataclass(frozen=True)
@@ -820,7 +837,7 @@ def _deepspeed_layout(
         largest_module=r.largest_trainable,
     )  # fmt: skip
     stage3 = r.strategy == "zero3"
-    off = " - offloaded to the host" if offload != "none" else ""
+    off = {"none": "", "nvme": " - swapped to disk (nvme_path)"}.get(offload, " - offloaded to the host")
     trained = "weights" if r.method == "full" else "adapters"
     lay.parts[trained] = st.weights + (st.gathered_weights if r.method == "full" else 0.0)
     lay.parts["gradients"] = st.grads + st.fp32_grad_extra + st.gathered_grads
@@ -842,13 +859,16 @@ def _deepspeed_layout(
         grads = f"{r.w}-byte gradients{'' if whole else f' /{r.n}'} + their fp32 partition (4 B/{r.n})"
     lay.details["gradients"] = grads + off
     gathered = f" + the largest module gathered ({r.pc.largest_module / 1e6:,.0f}M)" if stage3 else ""
-    params_off = " (partition offloaded to the host)" if offload == "optimizer+params" else ""
+    params_off = {
+        "optimizer+params": " (partition offloaded to the host)",
+        "nvme": " (partition swapped to disk)",
+    }.get(offload, "")
     if r.method == "full":
         lay.details["weights"] = f"{r.w}-byte weights (DeepSpeed casts them){f' /{r.n}' if stage3 else ''}"
         lay.details["weights"] += gathered + params_off
     else:
         frozen = r.base / r.n if stage3 else r.base
-        if offload == "optimizer+params":  # offload_param moves every partition, frozen ones too
+        if offload in ("optimizer+params", "nvme"):  # offload_param moves every partition, frozen ones too
             lay.cpu_parts["weights"] = frozen * per_node
             frozen = 0.0
         lay.parts["weights"] = frozen + (r.w * r.pc.largest_module if stage3 else 0.0)
@@ -859,7 +879,21 @@ def _deepspeed_layout(
         lay.cpu_parts["gradients"] = st.cpu_grads * per_node
         if st.cpu_weights:
             lay.cpu_parts[trained] = lay.cpu_parts.get(trained, 0.0) + st.cpu_weights * per_node
+    if offload == "nvme":
+        # ZeRO-Infinity: what offloading would hold in RAM lives in files under nvme_path; RAM holds the
+        # pinned buffers the swapping goes through: parameter partitions and fp32 optimizer sub-groups.
+        lay.disk_parts = lay.cpu_parts
+        sub_group = min(NVME_SUB_GROUP, -(-r.trainable // r.n))
+        lay.cpu_parts = {
+            "weights": NVME_PARAM_BUFFERS * nvme_param_buffer(r.pc, r.n) * r.w * per_node,
+            "optimizer": NVME_OPTIMIZER_BUFFERS * sub_group * 4.0 * per_node,
+        }
     return st
+
+
+def nvme_param_buffer(pc: ParamCounts, world_size: int) -> int:
+    """Elements of one ZeRO-Infinity parameter swap buffer: the largest parameter's partition per rank."""
+    return -(-pc.largest_module // world_size)
 
 
 def _torch_layout(lay: _Layout, r: _Trained, *, opt: OptimizerStates) -> None:
@@ -892,7 +926,14 @@ def _torch_layout(lay: _Layout, r: _Trained, *, opt: OptimizerStates) -> None:
 
 
 def _host_ram(
-    pc: ParamCounts, method: str, strategy: str, per_node: int, w: int, precision: str, offloaded: float
+    pc: ParamCounts,
+    method: str,
+    strategy: str,
+    per_node: int,
+    w: int,
+    precision: str,
+    offloaded: float,
+    held: str = "offloaded state",
 ) -> tuple[float, str]:
     """Host RAM per node: the larger of loading the model and the offloaded state.
 
@@ -908,7 +949,7 @@ def _host_ram(
         load = float(width * pc.total * per_node)
         load_how = f"{per_node} process(es) each load the model in {'fp32' if width == 4 else precision}"
     if offloaded >= load:
-        return offloaded, f"offloaded state ({gib(offloaded)})"
+        return offloaded, f"{held} ({gib(offloaded)})"
     return load, f"loading: {load_how}"
 
 
@@ -937,7 +978,8 @@ def estimate(
     The defaults are TRL's SFTConfig defaults (micro-batch 8, max_length 1024, gradient checkpointing
     on, adamw_torch_fused) and nbtrain's (LoRA r=8 on the model's default targets, NF4 with double
     quantisation). ``world_size`` counts processes over all ``nodes``; ``device`` "cpu" drops the CUDA
-    costs (the parts are then RAM per process). Raises ``EstimateError`` for combinations nbtrain rejects.
+    costs (the parts are then RAM per process), as "mps" (Apple's GPU, sharing the RAM) and "npu" do.
+    Raises ``EstimateError`` for combinations nbtrain rejects.
     """
     _check_combination(method, strategy, offload, world_size, nodes)
     pc = count_parameters(model_config)
@@ -1018,10 +1060,19 @@ def estimate(
         + f" + {FRAGMENTATION:.0%} allocator fragmentation"
     )
     cpu, lay.details["cpu"] = _host_ram(
-        pc, method, strategy, per_node, w, precision, sum(lay.cpu_parts.values())
-    )
+        pc, method, strategy, per_node, w, precision, sum(lay.cpu_parts.values()),
+        held="pinned NVMe swap buffers" if offload == "nvme" else "offloaded state",
+    )  # fmt: skip
+    if lay.disk_parts:
+        lay.details["disk"] = (
+            "offloaded parameters, fp32 gradients and optimizer state, in files under nvme_path"
+        )
     if device == "cpu":
         notes.append("CPU run: the per-device parts are RAM per process")
+    elif device == "mps":
+        notes.append("Apple MPS run: the GPU shares the machine's RAM, so the per-device parts are RAM")
+    elif device == "npu":
+        notes.append("Ascend NPU run: CANN's runtime memory is not counted (never measured by nbtrain)")
     inputs = {
         "method": method, "lora_r": lora_r, "lora_targets": targets, "quant_bits": quant_bits,
         "double_quant": double_quant, "precision": precision, "strategy": strategy, "offload": offload,
@@ -1032,6 +1083,7 @@ def estimate(
         parts={k: round(v) for k, v in lay.parts.items()},
         cpu_bytes=round(cpu),
         cpu_parts={k: round(v) for k, v in lay.cpu_parts.items()},
+        disk_parts={k: round(v) for k, v in lay.disk_parts.items()},
         details=lay.details,
         inputs=inputs,
         params=pc,
@@ -1099,6 +1151,8 @@ def advice(est: Estimate) -> str:
         tip = "lower per_device_train_batch_size or max_length" + (
             "" if i["gradient_checkpointing"] else ", or turn on gradient_checkpointing"
         )
+    elif i["device"] in ("mps", "npu"):  # no ZeRO, offload or QLoRA there (plan/accelerators.py)
+        tip = "use lora" if i["method"] == "full" else "use a smaller model"
     elif biggest in ("optimizer", "gradients"):
         if i["strategy"] not in ZERO_STAGES:
             tip = "shard it with zero2/zero3 over several GPUs, or offload it to the host"

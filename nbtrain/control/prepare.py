@@ -20,8 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtrain.contract import __version__, rewards
+from nbtrain.contract import __version__, hooks, rewards
 from nbtrain.contract.errors import ConfigError, NbtrainError, Problem
+from nbtrain.contract.notebook import notebook_namespace
+from nbtrain.contract.objectives import rewards_objectives
 from nbtrain.control import hub
 from nbtrain.control.config import trainargs
 from nbtrain.control.config.preset import Preset, find_preset
@@ -39,6 +41,7 @@ from nbtrain.control.memory import (
     load_model_config,
     tokens_per_image,
 )
+from nbtrain.control.plan.accelerators import accelerator_problems
 from nbtrain.control.plan.distributed import deepspeed_config
 from nbtrain.control.plan.estimates import compare_table, request_for
 from nbtrain.control.plan.fit import Fit, fits
@@ -58,6 +61,7 @@ class Prepared:
     hardware: Hardware
     train_args: dict[str, Any]
     rewards: bytes | None = None  # GRPO: the reward functions, cloudpickled; start() writes rewards.pkl
+    hooks: bytes | None = None  # hooks: the notebook's objects, cloudpickled; start() writes hooks.pkl
     probe: bool = False  # a probe run: its ranks measure the model states they hold (nbtrain.probe)
     preset: Preset | None = None  # the lab preset in force (with the required course presets it chains)
 
@@ -105,7 +109,8 @@ class Prepared:
             f"  model:     {cfg.model} ({self.resolved.model_kind})",
             f"  method:    {cfg.method}",
             f"  objective: {cfg.objective}"
-            + (f" (rewards: {', '.join(cfg.rewards)})" if cfg.rewards else ""),
+            + (f" (rewards: {', '.join(map(rewards.label, cfg.rewards))})" if cfg.rewards else ""),
+            *([f"  hooks:     {hooks_summary(cfg.hooks.model_dump())}"] if cfg.hooks else []),
             f"  data:      {self.resolved.train_data.location} "
             f"[{self.resolved.train_data.kind}, {self.resolved.train_data.format}]",
             f"  plan:      {self.plan.nodes} node(s) x {self.plan.num_processes} process(es) on "
@@ -117,11 +122,15 @@ class Prepared:
         est = self.plan.estimate
         if est is not None:
             parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in est["parts"].items() if v)
-            where = "per GPU" if est["device"] == "cuda" else "of RAM"
-            lines.append(f"  memory:    ~{est['per_device_bytes'] / 2**30:.2f} GiB {where} of "
-                         f"{est['capacity_bytes'] / 2**30:.1f} GiB ({parts} GiB)")  # fmt: skip
+            where = {"cuda": "per GPU", "npu": "per NPU"}.get(est["device"], "of RAM")  # MPS: unified memory
+            cap = est["capacity_bytes"]
+            of = f"of {cap / 2**30:.1f} GiB" if cap else "(size not known)"
+            lines.append(f"  memory:    ~{est['per_device_bytes'] / 2**30:.2f} GiB {where} {of} "
+                         f"({parts} GiB)")  # fmt: skip
             if est.get("cpu_bytes"):
                 lines.append(f"             host RAM ~{est['cpu_bytes'] / 2**30:.2f} GiB per node")
+            if est.get("disk_bytes"):  # offload: nvme
+                lines.append(f"             disk ~{est['disk_bytes'] / 2**30:.2f} GiB per node (nvme_path)")
         if not self.plan.fits:
             lines.append(f"  DOES NOT FIT: {self.plan.fit_advice}")
         lines.append("  resolved config:")
@@ -146,7 +155,7 @@ def prepare(
     name: str | None = None,
     hardware: Hardware | None = None,
     namespace: Mapping[str, Any] | None = None,
-    capture_rewards: bool = True,
+    capture_notebook: bool = True,
     enforce_preset: bool = True,
 ) -> Prepared:
     """Validate ``config`` (YAML text, a dict, or a .yaml path) and plan it. Raises ConfigError.
@@ -155,16 +164,22 @@ def prepare(
     estimate, which students use to find what fits) the rules only the plan shows, such as the memory cap,
     become warnings instead of errors.
 
-    For objective: grpo the functions named in ``rewards:`` are looked up in ``namespace`` (default:
-    the notebook's) and serialised now, so a bad name fails here, before anything starts.
+    The functions and classes named in ``rewards:`` (objective: grpo) and ``hooks:`` are looked up in
+    ``namespace`` (default: the notebook's) and serialised now, so a bad name fails here, before anything
+    starts; ``capture_notebook=False`` leaves them out (a process that cannot see the notebook, a resume:
+    its run directory holds them).
     """
     preset = find_preset()  # instructor mode: nbtrain.lab.yaml here or above, or $NBTRAIN_PRESET
-    res = load_config(config, name=name, preset=preset)
+    ns = (notebook_namespace() if namespace is None else namespace) if capture_notebook else None
+    res = load_config(config, name=name, preset=preset, namespace=ns)
     hub_note = hub_model_check(res)
     vision_check(res)
-    payload = reward_payload(res, namespace) if capture_rewards else None
+    payload = reward_payload(res, ns) if ns is not None else None
+    hook_payload = hooks_payload(res, ns) if ns is not None else None
     hw = hardware or probe_hardware()
     plan = make_plan(res, hw)
+    if refused := accelerator_problems(res.config, plan, hw.accelerator):  # Apple MPS, Ascend NPU
+        raise problems_error(res.text, refused)
     if hub_note is not None:
         (plan.reasons if plan.estimate is None else res.notes).append(f"model: {hub_note}")
     violations = preset_plan_problems(preset, res, plan) if preset is not None else []
@@ -182,7 +197,7 @@ def prepare(
     planned_problems(res, args, plan.world_size)
     if plan.strategy.startswith("zero"):
         plan.deepspeed = deepspeed_config(res, plan, args)
-    return Prepared(res, plan, hw, args, rewards=payload, preset=preset)
+    return Prepared(res, plan, hw, args, rewards=payload, hooks=hook_payload, preset=preset)
 
 
 def hub_model_check(res: Resolved) -> str | None:
@@ -270,14 +285,14 @@ def validate(
     *,
     hardware: Hardware | None = None,
     namespace: Mapping[str, Any] | None = None,
-    capture_rewards: bool = True,
+    capture_notebook: bool = True,
 ) -> list[Problem]:
     """Every problem that would stop ``start(prepare(config))``, as ``prepare`` and ``start`` word them;
     empty when the config launches. The panel's inline errors and the server's validate route are these.
-    ``capture_rewards=False`` skips looking up GRPO's reward functions (for a process, such as the Jupyter
-    server, that cannot see the notebook defining them)."""
+    ``capture_notebook=False`` skips looking up GRPO's reward functions and the hooks (for a process, such
+    as the Jupyter server, that cannot see the notebook defining them)."""
     try:
-        prep = prepare(config, hardware=hardware, namespace=namespace, capture_rewards=capture_rewards)
+        prep = prepare(config, hardware=hardware, namespace=namespace, capture_notebook=capture_notebook)
     except ConfigError as e:
         return list(e.problems)
     except NbtrainError as e:  # e.g. a preset file that cannot be read: nothing would start either
@@ -440,15 +455,37 @@ def estimate_table(
 
 
 def reward_payload(res: Any, namespace: Mapping[str, Any] | None = None) -> bytes | None:
-    """The reward payload of a validated GRPO config (``config.Resolved``), or None for other
+    """The reward payload of a validated GRPO / RLOO config (``config.Resolved``), or None for other
     objectives; ConfigError naming each bad entry of ``rewards:`` with its YAML line."""
     cfg = res.config
-    if cfg.objective != "grpo" or not cfg.rewards:
+    if cfg.objective not in rewards_objectives() or not cfg.rewards:
         return None
-    payload, problems = rewards.capture(cfg.rewards, namespace)
+    # a {model: ...} entry is resolved already (load_config): it travels as what the worker loads
+    entries = [r if isinstance(r, str) else rewards.RewardModel(r.model) for r in cfg.rewards]
+    payload, problems = rewards.capture(entries, namespace)
     if problems:
         raise problems_error(res.text, [(("rewards", i), msg) for i, msg in problems])
     return payload
+
+
+def hooks_payload(res: Any, namespace: Mapping[str, Any] | None = None) -> bytes | None:
+    """The notebook objects ``hooks:`` names, cloudpickled (None without hooks); ConfigError naming each bad
+    entry with its YAML line."""
+    if res.config.hooks is None:
+        return None
+    payload, problems = hooks.capture(res.config.hooks.model_dump(), namespace)
+    if problems:
+        raise problems_error(res.text, [(("hooks", *path), msg) for path, msg in problems])
+    return payload
+
+
+def hooks_summary(named: Mapping[str, Any]) -> str:
+    """``hooks:`` in one line: key name, ... (what the dry run and the run's log say)."""
+    parts = []
+    for key, value in named.items():
+        if value:
+            parts.append(f"{key} {', '.join(value) if isinstance(value, list) else value}")
+    return "; ".join(parts) or "none"
 
 
 __all__ = [

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.hooks import HOOKS_FILE
+from nbtrain.contract.notebook import notebook_namespace
+from nbtrain.contract.pickles import read_trusted, write_private
 from nbtrain.control.process import run_to_end
 from nbtrain.control.runs.run import Run, get_run
 
@@ -28,14 +31,19 @@ def _is_config(ref: Any) -> bool:
     return "\n" in text or text.strip().endswith((".yaml", ".yml"))
 
 
-def resolved_for(ref: str | Path | Mapping[str, Any] | Run) -> tuple[dict[str, Any], str]:
-    """(resolved.json content, where it came from) for a config (YAML text, dict, .yaml path) or a run."""
+def resolved_for(ref: str | Path | Mapping[str, Any] | Run) -> tuple[dict[str, Any], str, bytes | None]:
+    """(resolved.json content, where it came from, its hooks: captured or None) for a config (YAML text,
+    dict, .yaml path; ``hooks: preprocess`` taken from the notebook) or a run (its hooks.pkl)."""
     if isinstance(ref, Run) or not _is_config(ref):
         run = get_run(ref)  # type: ignore[arg-type]
-        return run.resolved, run.id
+        pickled = run.dir / HOOKS_FILE
+        return run.resolved, run.id, read_trusted(pickled) if pickled.exists() else None
+    from nbtrain.control.prepare import hooks_payload
     from nbtrain.control.start import prepare
 
-    return prepare(ref, capture_rewards=False).to_dict(), "config"  # type: ignore[arg-type]
+    # GRPO's rewards are not looked up (a preview tokenises SFT rows); hooks: preprocess shapes the rows
+    prep = prepare(ref, capture_notebook=False)  # type: ignore[arg-type]
+    return prep.to_dict(), "config", hooks_payload(prep.resolved, notebook_namespace())
 
 
 def preview_data(
@@ -52,10 +60,12 @@ def preview_data(
     (text, trained) segments, ``stats``, ``lengths``; where it came from: a run id or "config")."""
     if n < 1 or stats_rows < 1:
         raise NbtrainError("preview: n and stats_rows are positive numbers of rows")
-    resolved, source = resolved_for(config)
+    resolved, source, hooks = resolved_for(config)
     with tempfile.TemporaryDirectory(prefix="nbtrain-preview-") as tmp:
         src, out, log = Path(tmp) / "resolved.json", Path(tmp) / "preview.json", Path(tmp) / "preview.log"
         src.write_text(json.dumps(resolved), encoding="utf-8")
+        if hooks is not None:  # the job applies hooks: preprocess as training does
+            write_private(Path(tmp) / HOOKS_FILE, hooks)
         argv = [sys.executable, "-m", "nbtrain.worker.jobs.preview", str(src), "--out", str(out),
                 "-n", str(n), "--stats-rows", str(stats_rows)]  # fmt: skip
         # No GPU is needed to tokenise; hiding them keeps the preview off a card a run is using.

@@ -224,6 +224,16 @@ def find_server(run: Run | str | Path) -> ServerHandle | None:
     return None
 
 
+def _generates(run: Run) -> None:
+    """A reward run scores text, it generates none: say so before starting a process for it."""
+    if run.config.get("objective") == "reward":
+        raise ServeError(
+            f"run {run.id} is a reward model (objective: reward): it scores answers and generates none; "
+            f"train a policy against it (objective: rloo or grpo with rewards: [{{model: {run.id}}}]), or "
+            f"export it as a sequence classifier with run.export(DIR)"
+        )
+
+
 def _has_weights(run: Run) -> bool:
     out = run.output_dir
     if (out / "adapter_config.json").exists() or (out / "config.json").exists():
@@ -249,6 +259,7 @@ def serve(
     seconds a request's headers, then its body, may take to arrive (default 30; built-in engine).
     """
     run = get_run(run)
+    _generates(run)
     run_dir = run.dir.resolve()
     current = find_server(run)
     if current is not None:
@@ -411,6 +422,7 @@ def generate(
     images or data: URIs), shown before the prompt's text.
     """
     run = get_run(run)
+    _generates(run)
     items = [prompts] if isinstance(prompts, str) else list(prompts)
     if images is not None:
         items = with_images(items, images)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nbtrain.contract import rewards
+from nbtrain.contract import hooks, rewards
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.pickles import check_trusted, write_private
 from nbtrain.contract.rundir import (
@@ -107,10 +107,12 @@ def start(prep: Prepared) -> Run:
             return resume(earlier)
 
     def populate(building: Path, final: Path) -> None:
-        if prep.rewards is not None:  # before the worker starts: it loads them from there
-            # only a pickle its owner alone can write is loaded (nbtrain.contract.pickles)
-            building.chmod(building.stat().st_mode & ~0o002)
-            write_private(building / rewards.REWARDS_FILE, prep.rewards)
+        captured = {rewards.REWARDS_FILE: prep.rewards, hooks.HOOKS_FILE: prep.hooks}
+        for file, payload in captured.items():  # before the worker starts: it loads them from there
+            if payload is not None:
+                # only a pickle its owner alone can write is loaded (nbtrain.contract.pickles)
+                building.chmod(building.stat().st_mode & ~0o002)
+                write_private(building / file, payload)
         write_launch_files(prep.plan, final, into=building)
 
     run = create_run_dir(prep.name, prep.resolved.text, prep.to_dict(), populate)
@@ -165,7 +167,7 @@ def resume(ref: str | Path | Run) -> Run:
     _check_resumable(run)  # said first: a run that just ended may hold its lock a moment longer
     with writer_lock(run) as lock:  # held from here on: two resumes of one run cannot both go on
         _check_resumable(run)
-        for pickled in (rewards.REWARDS_FILE, "function.pkl"):  # the worker would load them: say it now
+        for pickled in (rewards.REWARDS_FILE, hooks.HOOKS_FILE, "function.pkl"):  # the worker loads them
             if (run.dir / pickled).exists() or (run.dir / pickled).is_symlink():
                 check_trusted(run.dir / pickled)
         ckpt = last_checkpoint(run, repair=True)
@@ -174,8 +176,9 @@ def resume(ref: str | Path | Run) -> Run:
         step = int(ckpt.name.split("-")[1])
         resolved = run.resolved
         attempt = int(resolved.get("resume", {}).get("attempt", 1)) + 1
-        # The run directory keeps the rewards captured at start; the notebook may no longer define them.
-        prep = prepare(resolved["config"], name=run.name, capture_rewards=False)
+        # The run directory keeps the rewards and hooks captured at start; the notebook may no longer
+        # define them.
+        prep = prepare(resolved["config"], name=run.name, capture_notebook=False)
         check_resumed(prep, resolved, run.paths.resolved)  # the train args the worker will use, too
         _set_aside_metrics(run, step, attempt - 1)
         new_resolved = {**resolved, "resume": {"from": str(ckpt), "step": step, "attempt": attempt}}
@@ -354,6 +357,25 @@ def example_images(
         raise NbtrainError(str(e)) from None
 
 
+def example_model(path: str | Path = "tiny-adder") -> Path:
+    """Copy the shipped pretrained tiny model (nbtrain.examples_pretrained: it knows sums and how a chat
+    goes, never a sum asked in a chat) to ``path``; kept when it is there already. Kernel-safe."""
+    import shutil
+    from importlib import resources
+
+    from nbtrain.examples_pretrained import ASSET
+
+    out = Path(path).expanduser().resolve()
+    if (out / "config.json").exists():
+        return out
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with resources.as_file(resources.files("nbtrain").joinpath(ASSET)) as src:
+        shutil.copytree(src, tmp)
+    tmp.rename(out)  # whole or not at all
+    return out
+
+
 def example_data(path: str | Path = "data/add.jsonl", fmt: str = "messages", n: int = 400) -> Path:
     """Write the addition dataset (the demo's data) in one of the supported formats."""
     import shutil
@@ -378,6 +400,7 @@ __all__ = [
     "Run",
     "example_data",
     "example_images",
+    "example_model",
     "get_run",
     "last_run",
     "make_tiny_model",

@@ -1,8 +1,9 @@
-"""What the machine has: GPUs through NVML, CPU cores, RAM and disk. Never initialises CUDA.
+"""What the machine has: NVIDIA GPUs through NVML, an Apple MPS GPU or Ascend NPUs from platform facts,
+CPU cores, RAM and disk. Never initialises CUDA.
 
 The kernel, the planner and the workers all ask here; nothing in this package imports torch.
 """
 
-from nbtrain.hardware.facts import GPU, Hardware, probe
+from nbtrain.hardware.facts import GPU, Accelerator, Hardware, probe
 
-__all__ = ["GPU", "Hardware", "probe"]
+__all__ = ["GPU", "Accelerator", "Hardware", "probe"]

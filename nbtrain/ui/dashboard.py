@@ -67,6 +67,7 @@ from nbtrain.ui.figures import (
     header_text,
     make_frame,
     memory_line,
+    panels_of,
     progress,
     throughput_top,
     trace_specs,
@@ -131,6 +132,7 @@ class Dashboard:
         self.finished = False
 
         self.fig: go.FigureWidget | None = None
+        self._panels: tuple[str, ...] = ()  # the extra panels self.fig was made with
         self.notes: widgets.HTML | None = None  # under the figure: the output folder, an error's log tail
         self.box: widgets.VBox | None = None
         self._index: dict[tuple[str, ...], int] = {}
@@ -180,10 +182,16 @@ class Dashboard:
     def _frame(self) -> Frame:
         return make_frame(self.tail, self.estimate, self.extra)
 
-    def _build_widgets(self, st: RunStatus) -> None:
+    def _new_figure(self, st: RunStatus) -> go.FigureWidget:
         # made whole before it is published: the thread and a reader never see a figure without its traces
-        fig = go.FigureWidget(empty_figure(self.extra))
+        self._panels = panels_of(self.tail, self.extra)
+        fig = go.FigureWidget(empty_figure(self._panels))
+        self._index, self._versions, self._chrome = {}, {}, None
         self._update_figure(fig, st)
+        return fig
+
+    def _build_widgets(self, st: RunStatus) -> None:
+        fig = self._new_figure(st)
         self.notes = widgets.HTML(value=self._live_css() + self._notes_html(st))
         self.box = widgets.VBox([fig, self.notes])
         self.fig = fig
@@ -192,8 +200,15 @@ class Dashboard:
         if self.fig is None:
             self._build_widgets(st)
             return
-        assert self.notes is not None
-        self._update_figure(self.fig, st)
+        assert self.notes is not None and self.box is not None
+        if panels_of(self.tail, self.extra) != self._panels:
+            # a metric of the notebook's hooks: compute_metrics appeared: a figure with its panel
+            old, self.fig = self.fig, self._new_figure(st)
+            self.box.children = (self.fig, self.notes)
+            old.close()
+            self._sync_unseen(self.fig, force=True)
+        else:
+            self._update_figure(self.fig, st)
         value = self._live_css() + self._notes_html(st)
         if value != self.notes.value:
             self.notes.value = value

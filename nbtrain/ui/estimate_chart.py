@@ -44,10 +44,14 @@ def _size(n: float) -> str:
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
 
 
+# What a device bar is called, by the plan's device; an Apple MPS GPU's memory is the machine's RAM.
+DEVICE_KINDS = {"cuda": "GPU", "npu": "NPU", "mps": "MPS GPU"}
+
+
 def device_labels(estimate: Estimate) -> list[str]:
     """One label per device bar: "GPU 0".. (or "CPU process 0"..), or a single bar for many devices."""
     n = int(estimate.inputs["world_size"])
-    kind = "GPU" if estimate.inputs["device"] == "cuda" else "CPU process"
+    kind = DEVICE_KINDS.get(estimate.inputs["device"], "CPU process")
     if n > MAX_BARS:
         return [f"each {kind} (x{n})"]
     return [f"{kind} {i}" for i in range(n)]
@@ -91,7 +95,8 @@ def estimate_figure(
             cpu_capacity_bytes = fit.host_capacity
     devices = device_labels(estimate)
     offloads = bool(estimate.cpu_parts)
-    cuda = estimate.inputs["device"] == "cuda"
+    cuda = estimate.inputs["device"] in ("cuda", "npu")  # a device with its own memory (MPS shares the RAM)
+    per = DEVICE_KINDS.get(estimate.inputs["device"], "CPU process")
     x = [*devices, HOST] if offloads else devices
     runtime = 0 if cuda else CPU_RUNTIME_BYTES
     tallest = max(estimate.per_device_bytes + runtime, sum(estimate.cpu_parts.values()), 1)
@@ -136,8 +141,8 @@ def estimate_figure(
             fig.add_trace(_marker(name, xs, value, color, dash, hover, unit))
 
     if capacity_bytes is not None:
-        mark("GPU capacity" if cuda else "RAM", devices, capacity_bytes, "black", "solid",
-             "GPU capacity" if cuda else "RAM")  # fmt: skip
+        mark(f"{per} capacity" if cuda else "RAM", devices, capacity_bytes, "black", "solid",
+             f"{per} capacity" if cuda else "RAM")  # fmt: skip
     if fit is not None and fit.usable and fit.need:
         # A CPU run's processes share the RAM (fit.need is their sum): each bar gets its share of it.
         share = fit.usable * estimate.per_device_bytes // fit.need
@@ -148,7 +153,6 @@ def estimate_figure(
         mark("host RAM usable", [HOST], fit.host_usable, "#b91c1c", "dash", "host RAM usable")
     i = estimate.inputs
     strategy = i["strategy"] + (f" + offload {i['offload']}" if i["offload"] != "none" else "")
-    per = "GPU" if cuda else "CPU process"
     title = (
         f"<b>Estimated peak memory: {_size(estimate.per_device_bytes)} per {per}</b> "
         f"({i['method']}, {strategy}, {i['precision']})"
@@ -156,6 +160,8 @@ def estimate_figure(
     subtitle = []
     if runtime:
         subtitle.append(f"+ {_size(runtime)} Python / torch runtime per process (hatched)")
+    if estimate.disk_bytes:  # offload: nvme; the host bar is then its pinned swap buffers
+        subtitle.append(f"{_size(estimate.disk_bytes)} per node swapped to disk (nvme_path)")
     if fit is not None:
         subtitle.append(f"{'' if fit.ok else 'does not fit: '}{fit.why}")
     if subtitle:

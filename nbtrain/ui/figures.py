@@ -377,7 +377,8 @@ class Frame:
     tail: MetricsTail
     clock: Clock
     estimate: MemoryLine | None = None
-    extra: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()  # metric keys in panels of their own: the view's, then the notebook's
+    notebook: tuple[str, ...] = ()  # of those, what the run's hooks: compute_metrics returned
 
     @property
     def x_end(self) -> float:
@@ -386,12 +387,18 @@ class Frame:
         return float(max(1.0, last, self.clock.s[-1] if len(self.clock.s) else 0.0))
 
 
+def panels_of(tail: MetricsTail, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The metric keys drawn in panels of their own: ``extra`` (the view's), then each metric of the run's
+    ``hooks: compute_metrics`` (the records mark them, ``MetricsTail.notebook_metrics``) as it appears."""
+    return tuple(dict.fromkeys([*extra, *tail.notebook_metrics]))
+
+
 def make_frame(
     tail: MetricsTail, estimate: MemoryLine | float | None = None, extra: Sequence[str] = ()
 ) -> Frame:
     if isinstance(estimate, (int, float)):
         estimate = memory_line(float(estimate))
-    return Frame(tail, clock(tail), estimate, tuple(extra))
+    return Frame(tail, clock(tail), estimate, panels_of(tail, extra), tuple(tail.notebook_metrics))
 
 
 Trace = dict[str, Any]
@@ -573,7 +580,8 @@ def trace_specs(frame: Frame) -> list[TraceSpec]:
                     )
                 )
     specs += [
-        TraceSpec(("metric", k), k, k, EXTRA_COLORS[i % len(EXTRA_COLORS)])
+        # a notebook metric is measured at evaluations: points, like eval loss
+        TraceSpec(("metric", k), k, k, EXTRA_COLORS[i % len(EXTRA_COLORS)], markers=k in frame.notebook)
         for i, k in enumerate(_extra_panels(frame.extra))
     ]
     return specs
@@ -986,10 +994,11 @@ def build_figure(
 ) -> go.Figure:
     """A static figure of what ``tail`` holds: loss and eval loss, learning rate, gradient norm,
     throughput and memory per rank, all against the step, with the memory estimate as a line
-    (``estimate``, or a bare ``estimate_bytes``), and any ``extra`` metric keys in panels of their own.
+    (``estimate``, or a bare ``estimate_bytes``), and any ``extra`` metric keys and the metrics of the run's
+    ``hooks: compute_metrics`` in panels of their own.
     The title carries state, progress, elapsed time, ETA and last loss, a bar under it the progress."""
     frame = make_frame(tail, estimate if estimate is not None else estimate_bytes, extra)
-    fig = empty_figure(extra)
+    fig = empty_figure(frame.extra)
     add_traces(fig, frame, trace_specs(frame))
     p = progress(tail, status, now, frame.clock)
     look = chrome(fig, p, name, estimate=frame.estimate, throughput_top=throughput_top(tail), title=title)

@@ -44,7 +44,7 @@ from pydantic import BaseModel
 
 from nbtrain.contract.errors import ConfigError, NbtrainError, Problem
 from nbtrain.contract.formats import FILE_KINDS, FORMAT_HELP, FORMATS, RowError, detect_format, to_example
-from nbtrain.contract.objectives import OBJECTIVES
+from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
 from nbtrain.contract.paths import runs_root
 from nbtrain.control import start as api
 from nbtrain.control.config.choices import METHODS
@@ -127,6 +127,19 @@ def parse_scalar(text: str) -> Any:
         return yaml.safe_load(s)
     except yaml.YAMLError:
         return s
+
+
+def parse_names(text: str) -> Any:
+    """A names box (``rewards:``): names split at commas, each entry read as YAML, so a reward model's
+    ``{model: RUN}`` is a mapping; UNSET when empty."""
+    try:
+        items = yaml.safe_load(f"[{text}]")
+    except yaml.YAMLError:
+        items = None
+    if not isinstance(items, list):  # not a YAML list: the names as typed, for the validator to judge
+        items = [part.strip() for part in text.split(",")]
+    names = [x for x in items if x not in (None, "")]
+    return names or UNSET
 
 
 def format_scalar(value: Any) -> str:
@@ -325,7 +338,8 @@ def panel_fields() -> list[PanelField]:
             choices=tuple(OBJECTIVES),
             default=_schema_default(RunConfig, "objective"),
             help="what training optimises: sft (imitate answers), dpo / orpo (prefer chosen over "
-            "rejected), kto (desirable / undesirable completions), grpo (reward functions)",
+            "rejected), kto (desirable / undesirable completions), reward (a reward model from chosen / "
+            "rejected pairs), grpo / rloo (online RL from reward functions or a reward model)",
             option_labels={k: f"{k}: {o.summary}" for k, o in OBJECTIVES.items()},
         ),
         PanelField(
@@ -400,10 +414,11 @@ def panel_fields() -> list[PanelField]:
             "rewards",
             "names",
             "Data",
-            "Reward functions",
-            placeholder="my_reward, format_reward",
-            help="objective: grpo: reward functions defined in the notebook, or built-ins "
-            "(format_reward, length_reward)",
+            "Rewards",
+            placeholder="my_reward, format_reward, {model: RUN}",
+            help="objective: grpo / rloo: reward functions defined in the notebook, built-ins "
+            "(format_reward, length_reward), or a reward model {model: RUN} (an objective: reward run's "
+            "id or folder, a model folder or a Hub id)",
         ),
         *train("max_steps", "default -1 (train for the epochs)"),
         *train("num_train_epochs"),
@@ -1300,8 +1315,8 @@ class ConfigPanel:
         elif f.kind == "targets":
             w.value = format_targets(value)
         elif f.kind == "names":
-            is_names = isinstance(value, list) and all(isinstance(x, str) for x in value)
-            w.value = ", ".join(value) if is_names else format_scalar(value)
+            is_names = isinstance(value, list) and all(isinstance(x, (str, dict)) for x in value)
+            w.value = ", ".join(map(format_scalar, value)) if is_names else format_scalar(value)
         else:
             w.value = format_scalar(value)
 
@@ -1315,8 +1330,7 @@ class ConfigPanel:
         if f.kind == "targets":
             return parse_targets(w.value)
         if f.kind == "names":
-            names = [part.strip() for part in w.value.split(",") if part.strip()]
-            return names or UNSET
+            return parse_names(w.value)
         return parse_scalar(w.value)
 
     @property
@@ -1388,10 +1402,10 @@ class ConfigPanel:
 
     def _show_objective_fields(self) -> None:
         """The data formats the objective trains on (the format dropdown offers only those), the rows
-        they expect, and rewards: for grpo only."""
+        they expect, and rewards: for grpo and rloo only."""
         objective = self.objective
         known = OBJECTIVES.get(objective) if isinstance(objective, str) else None
-        self.rows["rewards"].layout.display = "" if objective == "grpo" else "none"
+        self.rows["rewards"].layout.display = "" if objective in rewards_objectives() else "none"
         if known is None:
             self.data_help.value = ""
             return

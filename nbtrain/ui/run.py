@@ -129,7 +129,7 @@ def finetune(
     namespace: Mapping[str, Any] | None = None,
 ) -> Run:
     """Validate, plan and start a fine-tuning run in the background; returns its handle at once.
-    ``namespace``: where ``rewards:`` names are looked up (default: the notebook's)."""
+    ``namespace``: where the names in ``rewards:`` and ``hooks:`` are looked up (default: the notebook's)."""
     return handle(_start.start(_start.prepare(config, name=name, namespace=namespace)))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, holds_inherited_lock, lock_run, read_json, write_status
 from nbtrain.contract.tracking import requested, tracking_env
+from nbtrain.worker import writer
 from nbtrain.worker.control import LogCap, MemoryGuard, StopControl
 from nbtrain.worker.download import download_hub_files
 from nbtrain.worker.failure import failure_message
@@ -29,14 +30,14 @@ def recipe_for(resolved: dict[str, Any]) -> Any:
         from nbtrain.worker.recipes.sft import SFTRecipe
 
         return SFTRecipe
-    if objective in ("dpo", "orpo", "kto"):
+    if objective in ("dpo", "orpo", "kto", "reward"):
         from nbtrain.worker.recipes.preference import PreferenceRecipe
 
         return PreferenceRecipe
-    if objective == "grpo":
-        from nbtrain.worker.recipes.grpo import GRPORecipe
+    if objective in ("grpo", "rloo"):
+        from nbtrain.worker.recipes.grpo import OnlineRLRecipe
 
-        return GRPORecipe
+        return OnlineRLRecipe
     raise ValueError(f"objective {objective!r} has no recipe in this nbtrain")
 
 
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if file is not None:
             error["file"] = file
+        writer.drain()  # a queued "running" must not land after "failed"
         write_status(paths, "failed", error=error)
         return 1
     print(f"nbtrain worker: {outcome}", flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -12,6 +13,7 @@ import psutil
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from nbtrain.contract.rundir import JsonlWriter, RunPaths, mark_complete, rotate_checkpoints, write_status
+from nbtrain.worker import writer
 from nbtrain.worker.control import StopControl
 
 if TYPE_CHECKING:
@@ -21,12 +23,20 @@ if TYPE_CHECKING:
 _RENAME = {"learning_rate": "lr", "num_input_tokens_seen": "tokens"}
 
 
+def _prefixed(names: set[str]) -> set[tuple[str, str]]:
+    """(prefix, name) of each metric name as the Trainer logs it: ``eval_<name>`` (``test_`` for predict)."""
+    return {(prefix, name) for prefix in ("eval", "test") for name in names}
+
+
 def rank() -> int:
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
 
 
+_SELF = psutil.Process()  # one handle: a new one per step re-reads /proc/self/stat for nothing
+
+
 def memory_sample() -> dict[str, Any]:
-    rec: dict[str, Any] = {"t": time.time(), "rank": rank(), "rss": psutil.Process().memory_info().rss}
+    rec: dict[str, Any] = {"t": time.time(), "rank": rank(), "rss": _SELF.memory_info().rss}
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -78,6 +88,7 @@ class RunDirCallback(TrainerCallback):
         save_total_limit: int | None = None,
         status_interval: float = 1.0,
         fail_on_nan: bool = True,
+        notebook_metrics: set[str] | None = None,
     ) -> None:
         self.paths = paths
         self.save_total_limit = save_total_limit  # checkpoints kept; rotation is ours (on_save)
@@ -94,6 +105,9 @@ class RunDirCallback(TrainerCallback):
         self.last_eval_step: int | None = None
         self.nonfinite: dict[str, Any] | None = None  # where loss or grad norm stopped being finite
         self.fail_on_nan = fail_on_nan  # config on_nan: fail (else the run goes on, the steps flagged)
+        # the names hooks: compute_metrics returned (filled as it runs): a record's keys that are these,
+        # logged with the evaluation's prefix (eval_<name>), are listed in its "notebook_metrics"
+        self.notebook_metrics = notebook_metrics
 
     def _open(self) -> JsonlWriter:
         if self.system is None:
@@ -103,8 +117,8 @@ class RunDirCallback(TrainerCallback):
         return self.system
 
     def write_system(self, record: dict[str, Any]) -> None:
-        """Append a record of this rank to system.jsonl (the train-end report)."""
-        self._open().write(record)
+        """Append a record of this rank to system.jsonl (the train-end report), on the writer thread."""
+        writer.submit(self._open().write, record)
 
     def _status(self, state: str, state_obj: TrainerState, force: bool = False, **extra: Any) -> None:
         if not self.is_rank0:
@@ -112,9 +126,10 @@ class RunDirCallback(TrainerCallback):
         now = time.monotonic()
         if force or now - self._last_status >= self._status_interval:
             self._last_status = now
-            write_status(
-                self.paths, state, step=state_obj.global_step, max_steps=state_obj.max_steps, **extra
-            )
+            writer.submit(
+                write_status, self.paths, state, step=state_obj.global_step, max_steps=state_obj.max_steps,
+                **extra,
+            )  # fmt: skip
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -122,6 +137,9 @@ class RunDirCallback(TrainerCallback):
         if self.meter is not None:
             self.meter.watch(kwargs.get("model"), kwargs.get("optimizer"))
         release_deepspeed_shm()
+        # What exists now (the libraries, the model, the rows) lives until the end: out of the collector's
+        # reach, a full collection no longer walks it, which was a stall of 100+ ms every so many steps.
+        gc.freeze()
         self._last_t = time.time()
         self._last_tokens = state.num_input_tokens_seen or 0
         self._status("running", state, force=True, phase=None, download=None)  # the start's phases are over
@@ -149,6 +167,10 @@ class RunDirCallback(TrainerCallback):
         for k, v in logs.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 rec[_RENAME.get(k, k)] = v
+        if self.notebook_metrics:
+            ours = [k for k in rec if k.partition("_")[::2] in _prefixed(self.notebook_metrics)]
+            if ours:
+                rec["notebook_metrics"] = ours
         if "tokens" not in rec and "num_tokens" in rec:
             rec["tokens"] = rec["num_tokens"]  # GRPO counts its own tokens (the Trainer cannot)
         if "loss" in rec and "tokens" in rec and self._last_t is not None:
@@ -156,7 +178,7 @@ class RunDirCallback(TrainerCallback):
             if dt > 0:
                 rec["tokens_per_s"] = (rec["tokens"] - self._last_tokens) / dt
             self._last_t, self._last_tokens = now, rec["tokens"]
-        self.metrics.write(rec)
+        writer.submit(self.metrics.write, rec)
         self._status("stopping" if self.stop.requested else "running", state)
         self._check_finite(rec, state, control)
 
@@ -221,7 +243,8 @@ class RunDirCallback(TrainerCallback):
         return stop, ckpt
 
     def close(self) -> None:
-        for writer in (self.metrics, self.system):
-            if writer is not None:
-                writer.close()
+        writer.drain()
+        for jsonl in (self.metrics, self.system):
+            if jsonl is not None:
+                jsonl.close()
         self.metrics = self.system = None

@@ -10,7 +10,7 @@ does the same lazily, so rows are read as training consumes them.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nbtrain.contract.formats import (
@@ -22,6 +22,8 @@ from nbtrain.contract.formats import (
     to_example,
 )
 from nbtrain.contract.objectives import OBJECTIVES
+
+Preprocess = Callable[[dict[str, Any]], dict[str, Any]]  # hooks: preprocess (nbtrain.worker.hooks)
 
 
 class DataError(ValueError):
@@ -253,6 +255,14 @@ def fetch_image(url: str, where: str) -> bytes:
     return data
 
 
+def preprocessed(ds: Any, preprocess: Preprocess | None) -> Any:
+    """``hooks: preprocess`` mapped over the rows as they are in the file (before data: columns: and the
+    format; the columns it returns replace or add to the row's). A stream maps lazily, as it is read."""
+    if preprocess is None:
+        return ds
+    return ds.map(preprocess, **({} if is_streaming(ds) else {"desc": None}))
+
+
 def rename_columns(ds: Any, columns: Mapping[str, str] | None) -> Any:
     """Apply ``data: columns: {canonical: column}`` to a dataset, as formats.apply_columns does to a row."""
     names = ds.column_names
@@ -298,10 +308,16 @@ def mix(parts: list[Any], weights: list[float] | None, seed: int, stopping_strat
 
 
 def load_train(
-    cfg: Mapping[str, Any], data: Mapping[str, Any], objective: str, seed: int, *, limit: int | None = None
+    cfg: Mapping[str, Any],
+    data: Mapping[str, Any],
+    objective: str,
+    seed: int,
+    *,
+    limit: int | None = None,
+    preprocess: Preprocess | None = None,
 ) -> tuple[Any, str, list[str]]:
     """The training data of a resolved run: every source loaded, normalised and mixed. ``limit`` reads
-    only the first rows of each source (the preview).
+    only the first rows of each source (the preview); ``preprocess``: the run's ``hooks: preprocess``.
 
     Returns (dataset, format of the first source, one description per source for the log).
     """
@@ -317,7 +333,7 @@ def load_train(
             src["location"], src["kind"], split=src.get("split"), streaming=streaming,
             data_files=src.get("data_files"),
         )  # fmt: skip
-        raw = rename_columns(raw, src.get("columns") or d.get("columns"))
+        raw = rename_columns(preprocessed(raw, preprocess), src.get("columns") or d.get("columns"))
         # The kernel resolved each source's format from a sample; a hub source says "auto".
         src_fmt = src.get("format") or "auto"
         if src_fmt == "auto":
@@ -343,7 +359,13 @@ def load_train(
     return mixed, fmt, described
 
 
-def load_eval(cfg: Mapping[str, Any], data: Mapping[str, Any], fmt: str, objective: str) -> Any:
+def load_eval(
+    cfg: Mapping[str, Any],
+    data: Mapping[str, Any],
+    fmt: str,
+    objective: str,
+    preprocess: Preprocess | None = None,
+) -> Any:
     """The eval: file, normalised like the training data, or None."""
     ev = data.get("eval")
     if not ev:
@@ -351,7 +373,8 @@ def load_eval(cfg: Mapping[str, Any], data: Mapping[str, Any], fmt: str, objecti
     d = cfg["data"]
     raw = load_raw(ev["location"], ev["kind"], streaming=bool(d.get("streaming")))
     vision = bool(cfg.get("vision"))
-    out, _ = convert(rename_columns(raw, d.get("columns")), fmt, objective, vision=vision, base=_folder(ev))
+    raw = rename_columns(preprocessed(raw, preprocess), d.get("columns"))
+    out, _ = convert(raw, fmt, objective, vision=vision, base=_folder(ev))
     return out
 
 
@@ -380,10 +403,16 @@ def take_eval_split(train: Any, size: float | int, seed: int) -> tuple[Any, Any]
 
 
 def load_for_training(
-    cfg: Mapping[str, Any], data: Mapping[str, Any], objective: str, seed: int, tok: Any
+    cfg: Mapping[str, Any],
+    data: Mapping[str, Any],
+    objective: str,
+    seed: int,
+    tok: Any,
+    preprocess: Preprocess | None = None,
 ) -> tuple[Any, Any]:
-    """(train, eval) for a recipe, checked against the tokenizer; prints what was loaded."""
-    train, fmt, described = load_train(cfg, data, objective, seed)
+    """(train, eval) for a recipe, checked against the tokenizer (``preprocess``: the run's ``hooks:
+    preprocess``); prints what was loaded."""
+    train, fmt, described = load_train(cfg, data, objective, seed, preprocess=preprocess)
     row = first_row(train)
     if row is not None and is_conversational(row) and not getattr(tok, "chat_template", None):
         raise DataError(
@@ -391,7 +420,7 @@ def load_for_training(
             f"no chat template; use a chat model, or give plain text rows (format: text, or plain strings)"
         )
     d = cfg["data"]
-    evald = load_eval(cfg, data, fmt, objective)
+    evald = load_eval(cfg, data, fmt, objective, preprocess)
     if evald is None and d.get("eval_split"):
         train, evald = take_eval_split(train, d["eval_split"], seed)
     prefix = "" if objective == "sft" else f"{objective}: "

@@ -5,8 +5,8 @@
     python -m nbtrain.worker.introspect --assets DIR               # all: DIR/<name>_fields.json
 
 The kernel ships snapshots (nbtrain/assets/<name>_fields.json: SFTConfig, DPOConfig, ORPOConfig,
-KTOConfig, GRPOConfig, peft's LoraConfig) made by this module for the pinned versions, and re-runs it in a
-subprocess when the installed TRL/transformers (or peft) differ.
+KTOConfig, RewardConfig, GRPOConfig, RLOOConfig, peft's LoraConfig) made by this module for the pinned
+versions, and re-runs it in a subprocess when the installed TRL/transformers (or peft) differ.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def _tensors(obj: Any, depth: int = 0) -> list[Any]:
     import torch
 
     if torch.is_tensor(obj):
-        return [obj]
+        return [_local(obj)]
     if obj is None or depth > 4:
         return []
     if isinstance(obj, dict):
@@ -241,7 +241,7 @@ def state_report(trainer: Any, meter: ModelStateMeter | None = None) -> dict[str
         ds_full = getattr(p, "ds_numel", None)  # set on ZeRO-3 partitioned parameters
         full += int(ds_full) if ds_full is not None else p.numel()
         part = getattr(p, "ds_tensor", None)
-        local += int(part.numel()) if part is not None else p.numel()
+        local += int(part.numel()) if part is not None else _local(p).numel()  # DTensor: global numel
         if p.requires_grad:
             trainable.append((name, p))
     digest = hashlib.sha256()
@@ -251,7 +251,8 @@ def state_report(trainer: Any, meter: ModelStateMeter | None = None) -> dict[str
             # A ZeRO-3 parameter is gathered whole one at a time (every rank in the same order): all of
             # them at once would need the whole model on one device, which ZeRO-3 exists to avoid.
             with _gathered(p):  # read while gathered: the whole tensor may live in a reused buffer
-                t = p.detach().float().cpu().contiguous()
+                whole = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP2: all ranks gather
+                t = whole.detach().float().cpu().contiguous()
                 digest.update(name.encode())
                 digest.update(t.numpy().tobytes())
                 total += float(t.abs().sum())
@@ -261,6 +262,12 @@ def state_report(trainer: Any, meter: ModelStateMeter | None = None) -> dict[str
         "param_numel_local": local, "param_numel_full": full, **held,
         "trainable_sha256": digest.hexdigest(), "trainable_abs_sum": total,
     }  # fmt: skip
+
+
+def _local(t: Any) -> Any:
+    """The part of ``t`` this rank holds: an FSDP2 parameter (a DTensor) is one shard of the whole."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
 
 
 def _gathered(p: Any) -> Any:

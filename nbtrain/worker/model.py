@@ -1,5 +1,10 @@
 """Loading the tokenizer and the model as resolved.json says: shared by every recipe (SFT, DPO, ORPO, KTO,
-GRPO), so ``method: full | lora | qlora`` means the same thing whatever the objective.
+reward, GRPO, RLOO), so ``method: full | lora | qlora`` means the same thing whatever the objective.
+
+The objective's ``task`` (nbtrain.contract.objectives) picks the head: a causal language model, or for
+``objective: reward`` a sequence classifier with one output (``AutoModelForSequenceClassification``,
+``num_labels=1``: the reward), whose freshly initialised score head LoRA trains and saves beside the
+adapter (peft's SEQ_CLS task puts it in ``modules_to_save``).
 
 The SFT recipe wraps the model in its LoRA adapter itself (``load_model(..., attach_lora=True)``); the
 preference and RL recipes hand the base model plus ``lora_config()`` to the TRL trainer instead, which
@@ -14,12 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.adapters import converts_init, peft_fields
+from nbtrain.contract.objectives import OBJECTIVES
 
 
 def compute_dtype(plan: dict[str, Any]) -> Any:
     import torch
 
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan["precision"], torch.float32)
+
+
+def task(cfg: dict[str, Any]) -> str:
+    """peft's task type of the run's objective: ``CAUSAL_LM``, or ``SEQ_CLS`` for a reward model."""
+    return OBJECTIVES[str(cfg.get("objective", "sft"))].task
 
 
 def is_vision(cfg: dict[str, Any]) -> bool:
@@ -114,7 +125,7 @@ def lora_config(cfg: dict[str, Any], model: Any = None) -> Any:
         bias=lo["bias"],
         target_modules=targets,
         modules_to_save=modules_to_save,
-        task_type="CAUSAL_LM",
+        task_type=task(cfg),
         **extra,
     )
 
@@ -160,7 +171,6 @@ def load_model(
     bitsandbytes-quantised base prepared for k-bit training (QLoRA); with ``attach_lora`` and a LoRA
     method, wrapped in a freshly initialised adapter."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     method = cfg["method"]
     # revision: a Hub model's branch, tag or commit (absent from older run directories: the default)
@@ -175,8 +185,8 @@ def load_model(
         kwargs["dtype"] = compute_dtype(plan) if on_gpu else torch.float32
     else:
         kwargs["dtype"] = torch.float32  # full fine-tune keeps fp32 master weights; AMP does the rest
-    auto = AutoModelForImageTextToText if is_vision(cfg) else AutoModelForCausalLM
-    model: Any = auto.from_pretrained(cfg["model"], **kwargs)
+    auto, head = auto_class(cfg)
+    model: Any = auto.from_pretrained(cfg["model"], **kwargs, **head)
     if method == "full" and is_vision(cfg):
         freeze_vision(model, cfg)
     if method == "qlora":
@@ -198,6 +208,22 @@ def load_model(
         model = get_peft_model(model, lora_config(cfg, model))
         report_trainable(model, method)
     return model
+
+
+def auto_class(cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The transformers Auto class a run's model loads with, and its head's keyword arguments: a vision-
+    language model, a reward model (a sequence classifier with one score) or a causal language model."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSequenceClassification,
+    )
+
+    if is_vision(cfg):
+        return AutoModelForImageTextToText, {}
+    if task(cfg) == "SEQ_CLS":
+        return AutoModelForSequenceClassification, {"num_labels": 1}
+    return AutoModelForCausalLM, {}
 
 
 INITIAL_ADAPTER = "adapter-initial"  # in the run directory: a PiSSA/OLoRA adapter before training

@@ -1,6 +1,7 @@
 """Loading what a run trained: the base model of resolved.json plus the run's adapter (LoRA / QLoRA) or its
 fine-tuned weights (full). The one place that knows how a run's result is laid out; the chat server,
-one-shot generation, export and evaluation all load through ``load_tuned``.
+one-shot generation, export and evaluation all load through ``load_tuned``, and a GRPO / RLOO run loads
+the reward runs its ``rewards:`` names through ``load_reward_model``.
 
 The weights come from ``output/`` when the run completed, else from its newest checkpoint the worker
 marked complete (a stopped or failed run can still be tried out). Runs in a separate process, never in
@@ -61,13 +62,14 @@ def load_tuned(
 ) -> tuple[Any, Any]:
     """(model, tokenizer) of a run, in eval mode on ``device``.
 
-    ``base=True`` gives the untouched base model. For LoRA/QLoRA runs the model is a ``PeftModel``
+    ``base=True`` gives the untouched base model. A reward run's model is a sequence classifier with one
+    output (nbtrain.worker.model.auto_class). For LoRA/QLoRA runs the model is a ``PeftModel``
     (``model.disable_adapter()`` gives base answers from the same weights). QLoRA bases load quantised
     as in training unless ``dtype`` is given (then unquantised in that dtype, e.g. to merge or export).
     """
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from nbtrain.worker.model import compute_dtype, is_vision, quantization_config
+    from nbtrain.worker.model import auto_class, compute_dtype, quantization_config
 
     paths = RunPaths(Path(run_dir).resolve())
     resolved = read_json(paths.resolved)
@@ -101,16 +103,41 @@ def load_tuned(
 
         default = compute_dtype(plan) if on_gpu else torch.float32
         kwargs["dtype"] = torch_dtype(dtype, default)
-    auto = AutoModelForImageTextToText if is_vision(cfg) else AutoModelForCausalLM
-    model: Any = auto.from_pretrained(source, **kwargs)
+    auto, head = auto_class(cfg)  # a reward run's: a sequence classifier (its score head from the weights)
+    model: Any = auto.from_pretrained(source, **kwargs, **head)
     if not quantised:
         model = model.to(device)
     if weights is not None and method in ("lora", "qlora"):
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(weights), is_trainable=False)
-    if getattr(model.generation_config, "pad_token_id", None) is None:
-        model.generation_config.pad_token_id = tok.pad_token_id
+    generation = getattr(model, "generation_config", None)  # a reward model generates nothing
+    if generation is not None and getattr(generation, "pad_token_id", None) is None:
+        generation.pad_token_id = tok.pad_token_id
+    model.eval()
+    return model, tok
+
+
+def load_reward_model(source: str) -> tuple[Any, Any]:
+    """(model, tokenizer) of a reward model in ``rewards:`` (nbtrain.contract.rewards.RewardModel): an
+    objective: reward run (a LoRA one merged into its base: TRL scores with a plain sequence classifier),
+    or a model folder or Hub id loaded as a sequence classifier with one output. The model is named after
+    the run or the folder, which names its ``rewards/<name>/mean`` metric."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = Path(source)
+    if (path / "resolved.json").is_file():
+        model, tok = load_tuned(path, dtype="auto")  # a QLoRA run's base unquantised, to merge into
+        if hasattr(model, "merge_and_unload"):  # a PeftModel: its adapter and score head into the base
+            model = model.merge_and_unload()
+        name = str(read_json(path / "resolved.json").get("name") or path.name)
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1)
+        tok = AutoTokenizer.from_pretrained(source)
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        name = path.name if path.is_dir() else source.rsplit("/", 1)[-1]
+    model.config.name_or_path = name
     model.eval()
     return model, tok
 

@@ -124,7 +124,7 @@ def test_sft_data_for_dpo_names_the_row_and_what_it_is() -> None:
 def test_preference_data_for_sft_suggests_a_preference_objective() -> None:
     _fmt, problem = check_rows(numbered(preference_rows("preference", n=1)), "auto", "sft")
     assert problem is not None and "matches no known format" in problem
-    assert "preference data (chosen/rejected), which objective: dpo, orpo or kto trains on" in problem
+    assert "preference data (chosen/rejected), which objective: dpo, orpo, kto or reward trains on" in problem
 
 
 def test_a_later_row_that_changes_shape_is_named() -> None:

@@ -1,6 +1,6 @@
-"""objective: (sft | dpo | orpo | kto | grpo | ppo) in the config: train: keys checked against the
-objective's TRL config, data checked for it, GRPO reward functions captured from the notebook, and
-every mismatch reported before anything starts."""
+"""objective: (sft | dpo | orpo | kto | reward | grpo | rloo | ppo) in the config: train: keys checked
+against the objective's TRL config, data checked for it, GRPO reward functions captured from the
+notebook, and every mismatch reported before anything starts."""
 
 from __future__ import annotations
 
@@ -142,11 +142,13 @@ def test_schema_names_every_objective_of_the_table() -> None:
     assert get_args(RunConfig.model_fields["objective"].annotation) == OBJECTIVE_NAMES
 
 
-def test_ppo_is_not_available_in_trl_1_16() -> None:
+def test_ppo_is_not_available_in_trl_1_16_and_the_two_cell_recipe_replaces_it() -> None:
     out = problems({"model": "./nowhere", "objective": "ppo", "data": {"train": "x.jsonl"}})
     msg = next(p for p in out if p.startswith("- objective"))
     assert "objective: ppo is not available in TRL 1.16" in msg
-    assert "PPOTrainer" in msg and "objective: grpo" in msg
+    assert "replaced PPOTrainer with RLOO and GRPO" in msg
+    assert "1) objective: reward on chosen/rejected pairs" in msg
+    assert "2) objective: rloo (or grpo) on prompts with rewards: [{model: <that run's id or folder>}]" in msg
 
 
 def test_columns_map_odd_names_before_the_check(prefdir: Path) -> None:
@@ -191,9 +193,9 @@ def test_kto_with_one_label_only_or_batch_of_one_is_rejected(prefdir: Path) -> N
 
 def test_grpo_needs_rewards_and_whole_generation_groups(prefdir: Path) -> None:
     out = problems(yaml_for("grpo", "data/prompt.jsonl"))
-    assert any("objective: grpo learns from reward functions" in p for p in out)
+    assert any("objective: grpo learns from rewards: add rewards: [my_reward]" in p for p in out)
     out = problems(yaml_for("dpo", "data/preference.jsonl", extra="rewards: [format_reward]\n"))
-    assert any("rewards: applies to objective: grpo only" in p for p in out)
+    assert any("rewards: applies to objective: grpo or rloo only (objective is dpo)" in p for p in out)
     weights = "  reward_weights: [1.0]\n  per_device_train_batch_size: 2\n  num_generations: 2\n"
     out = problems(yaml_for("grpo", "data/prompt.jsonl", train=weights, extra="rewards: [a, b]\n"))
     assert any("1 reward_weights for 2 rewards" in p for p in out)

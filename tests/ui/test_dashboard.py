@@ -108,6 +108,26 @@ def test_thread_updates_the_figure_widget_as_lines_are_appended(files: RunFiles,
     assert dash.error is None
 
 
+def test_a_metric_of_the_notebooks_compute_metrics_gets_its_panel_when_it_first_appears(
+    files: RunFiles, dash: Dashboard
+) -> None:
+    files.steps(1, 4)
+    dash.refresh()
+    first = dash.fig
+    assert first is not None and dash.box is not None and len(first.layout.annotations) > 0
+    files.step(4, eval_loss=1.5, eval_exact=0.5, notebook_metrics=["eval_exact"])
+    dash.refresh()
+    # a figure with one more panel, in the same place of the view; the old one is closed
+    assert dash.fig is not first and dash.box.children[0] is dash.fig and first.comm is None
+    assert list(trace(dash, "eval_exact").y) == [0.5] and list(trace(dash, "loss").x) == [1, 2, 3, 4]
+    assert dash.fig.layout.height > first.layout.height
+    files.step(5)
+    files.step(6, eval_loss=1.4, eval_exact=0.75, notebook_metrics=["eval_exact"])
+    kept = dash.fig
+    dash.refresh()
+    assert dash.fig is kept and list(trace(dash, "eval_exact").y) == [0.5, 0.75]
+
+
 def _synced_loss(dash: Dashboard) -> list[float]:
     """The loss values in the state a browser view created now would draw (plotly's _widget_data)."""
     assert dash.fig is not None

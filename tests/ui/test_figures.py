@@ -323,6 +323,32 @@ def test_extra_keys_get_panels_of_their_own(files: RunFiles) -> None:
     assert fig.layout.height > build_figure(polled(files), RunStatus("running")).layout.height
 
 
+def test_the_notebooks_compute_metrics_get_panels_of_their_own(files: RunFiles) -> None:
+    """Records list what hooks: compute_metrics returned (as the worker logs it, eval_<name>): each such
+    metric is drawn in a panel of its own, its evaluations as points; other unknown keys are not."""
+    files.steps(1, 5)
+    evals = {"eval_loss": 1.4, "eval_entropy": 2.0}  # the trainer's own eval keys: no panel of their own
+    files.step(5, **evals, eval_exact=0.25, eval_f1=0.5, notebook_metrics=["eval_exact", "eval_f1"])
+    files.steps(6, 10)
+    files.step(10, **evals, eval_exact=0.75, eval_f1=0.6, notebook_metrics=["eval_exact", "eval_f1"])
+    tail = polled(files)
+    assert list(tail.notebook_metrics) == ["eval_exact", "eval_f1"]
+    fig = build_figure(tail, RunStatus("running", step=10, max_steps=100), extra=("rewards/margins",))
+    traces = by_key(fig)
+    assert ("metric", "eval_entropy") not in traces
+    exact = traces[("metric", "eval_exact")]
+    assert list(exact.x) == [5, 10] and list(exact.y) == [0.25, 0.75] and exact.mode == "lines+markers"
+    assert exact.yaxis != traces[("metric", "eval_f1")].yaxis != traces[("metric", "rewards/margins")].yaxis
+    titles = [a.text for a in fig.layout.annotations if (a.name or "").startswith("panel:")]
+    assert titles[-3:] == ["<b>rewards/margins</b>", "<b>eval_exact</b>", "<b>eval_f1</b>"]
+    # a run without them keeps the dashboard's panels
+    plain = RunFiles(files.paths.root.parent / "plain", max_steps=100)
+    plain.steps(1, 5)
+    plain.step(5, **evals, eval_exact=0.25)
+    assert ("metric", "eval_exact") not in by_key(build_figure(polled(plain), RunStatus("running")))
+    plain.close()
+
+
 def test_compare_figure_overlays_the_loss_of_each_run_labelled_by_name_and_id(tmp_path: Path) -> None:
     a = RunFiles(tmp_path / "run-a", name="lr-high")
     b = RunFiles(tmp_path / "run-b", name="lr-low")

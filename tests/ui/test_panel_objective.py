@@ -1,5 +1,6 @@
 """The config panel's objective dropdown: it writes objective:, offers the data formats that objective
-trains on, shows the rows it expects, asks for rewards only for GRPO, and previews preference rows."""
+trains on, shows the rows it expects, asks for rewards only for GRPO and RLOO, and previews preference
+rows."""
 
 from __future__ import annotations
 
@@ -59,6 +60,21 @@ def test_panel_round_trips_objective_and_rewards_through_yaml(
     p = make_panel(text)
     assert p.fields["rewards"].value == "format_reward" and p.fields["objective"].value == "grpo"
     assert yaml.safe_load(p.to_yaml()) == yaml.safe_load(text)
+
+
+def test_rloo_asks_for_rewards_and_a_reward_model_entry_round_trips(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    p = make_panel()
+    p.fields["objective"].value = "reward"
+    assert formats(p) == ["auto", "preference"] and p.rows["rewards"].layout.display == "none"
+    p.fields["objective"].value = "rloo"
+    assert formats(p) == ["auto", "prompt"] and p.rows["rewards"].layout.display == ""
+    p.fields["rewards"].value = "my_check, {model: rm-run}"
+    assert p.to_dict()["rewards"] == ["my_check", {"model": "rm-run"}]
+    q = make_panel("model: ./tiny-llama\nobjective: rloo\nrewards: [{model: ./runs/rm}, format_reward]\n")
+    assert q.fields["rewards"].value == "{model: ./runs/rm}, format_reward"
+    assert yaml.safe_load(q.to_yaml())["rewards"] == [{"model": "./runs/rm"}, "format_reward"]
 
 
 def test_preview_shows_preference_rows_of_a_dpo_config(workdir: Path) -> None:

@@ -14,12 +14,13 @@ from typing import Literal, get_args
 
 Method = Literal["full", "lora", "qlora"]
 Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp"]
-Offload = Literal["none", "optimizer", "optimizer+params"]
+# nvme: ZeRO-Infinity, parameters and optimizer state swapped to files under distributed.nvme_path
+Offload = Literal["none", "optimizer", "optimizer+params", "nvme"]
 Launcher = Literal["accelerate", "deepspeed", "torchrun", "notebook"]
 Precision = Literal["fp32", "fp16", "bf16"]
 # Objectives nbtrain runs (nbtrain.contract.objectives' OBJECTIVES; tests hold the two equal), and those a
 # config may name: "ppo" too, so that load_config can explain why it is unavailable.
-AvailableObjective = Literal["sft", "dpo", "orpo", "kto", "grpo"]
+AvailableObjective = Literal["sft", "dpo", "orpo", "kto", "reward", "grpo", "rloo"]
 ObjectiveName = Literal[AvailableObjective, "ppo"]
 
 METHODS: tuple[str, ...] = get_args(Method)

@@ -11,7 +11,7 @@ import difflib
 import itertools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,36 @@ class DataSource:
 
 class DataProblem(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class RowHook:
+    """``hooks: preprocess`` as the kernel's look at the rows applies it: the notebook's function, so the
+    rows are checked as the worker will format them (after it), and a function that fails on them fails
+    before anything starts. ``fn`` is None where the notebook is not at hand (a resume, the server's check):
+    then the rows' format is left to the worker, which applies the captured function."""
+
+    fn: Callable[[Any], Any] | None
+    label: str  # "hooks: preprocess (my_fn)"
+
+    def apply(self, rows: list[tuple[int, Any]], name: str) -> list[tuple[int, Any]]:
+        assert self.fn is not None
+        out = []
+        for n, row in rows:
+            try:
+                new = self.fn(dict(row) if isinstance(row, Mapping) else row)
+            except Exception as e:  # noqa: BLE001 - the user's function: any failure is reported as its
+                raise DataProblem(
+                    f"{self.label} raised {type(e).__name__}: {e} on row {n} of {name} (nbtrain tries it on "
+                    f"the first rows before starting); fix the function and run its cell again"
+                ) from None
+            if not isinstance(new, Mapping):
+                raise DataProblem(
+                    f"{self.label} returned {type(new).__name__} for row {n} of {name}; it returns the row "
+                    f"(a dict of columns)"
+                )
+            out.append((n, {**row, **new} if isinstance(row, Mapping) else dict(new)))
+        return out
 
 
 def _close_files(path: Path) -> str:
@@ -200,9 +230,10 @@ def inspect_data(
     *,
     split: str | None = None,
     data_files: str | list[str] | None = None,
+    preprocess: RowHook | None = None,
 ) -> DataSource:
     """Find ``spec`` (a path or a hub id), read a sample and check its format for ``objective``
-    (after renaming ``columns``); raise DataProblem."""
+    (after ``preprocess`` and renaming ``columns``); raise DataProblem."""
     path = Path(spec).expanduser()
     if not path.is_absolute():
         path = (base / path).resolve()
@@ -225,6 +256,10 @@ def inspect_data(
     rows = _sample(path, kind, split)
     if not rows:
         raise DataProblem(f"data file has no rows: {path}")
+    if preprocess is not None:
+        if preprocess.fn is None:
+            return DataSource(spec, str(path), kind, fmt, len(rows))  # the worker checks them after it
+        rows = preprocess.apply(rows, path.name)
     resolved, problem = check_rows(rows, fmt, objective, columns)
     if problem:
         raise DataProblem(f"{path.name}: {problem}")

@@ -10,9 +10,11 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -33,9 +35,9 @@ from pydantic import (
 from nbtrain.contract.adapters import converts_init
 from nbtrain.contract.errors import ConfigError, Problem
 from nbtrain.contract.formats import CANONICAL_COLUMNS, FORMATS, SFT_FORMATS
-from nbtrain.contract.objectives import OBJECTIVES, UNAVAILABLE
+from nbtrain.contract.objectives import OBJECTIVES, UNAVAILABLE, rewards_objectives
 from nbtrain.control import tracking
-from nbtrain.control.config import trainargs
+from nbtrain.control.config import rewardmodels, trainargs
 from nbtrain.control.config.choices import (
     ZERO_STAGES,
     Launcher,
@@ -45,7 +47,7 @@ from nbtrain.control.config.choices import (
     Precision,
     Strategy,
 )
-from nbtrain.control.config.datacheck import DataProblem, DataSource, inspect_data
+from nbtrain.control.config.datacheck import DataProblem, DataSource, RowHook, inspect_data
 from nbtrain.control.config.yamlsafe import MAX_BYTES as MAX_YAML_BYTES
 from nbtrain.control.config.yamlsafe import DuplicateKeys, YamlProblem, YamlSyntax, load_yaml
 
@@ -225,6 +227,37 @@ class SlurmSettings(_Strict):
     extra: list[str] = Field(default_factory=list)  # more "#SBATCH ..." options, written as given
 
 
+def _python_name(v: str) -> str:
+    if not v.isidentifier():
+        raise ValueError(f"{v!r} is not a Python name; hooks: names a function or class of the notebook")
+    return v
+
+
+_HookName = Annotated[str, AfterValidator(_python_name)]
+
+
+class HooksSettings(_Strict):
+    """``hooks:``: notebook objects the worker calls (nbtrain.contract.hooks says how each is called)."""
+
+    callbacks: list[_HookName] | None = None
+    compute_metrics: _HookName | None = None
+    loss: _HookName | None = None
+    preprocess: _HookName | None = None
+    preprocess_logits_for_metrics: _HookName | None = None
+
+    @field_validator("callbacks", mode="before")
+    @classmethod
+    def _one_callback(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v  # callbacks: MyCallback is a list of one
+
+    @field_validator("callbacks")
+    @classmethod
+    def _callbacks_ok(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("callbacks: lists a callback twice; name each once")
+        return v
+
+
 class DistributedSettings(_Strict):
     strategy: Literal["auto", Strategy] = "auto"
     offload: Offload = "none"
@@ -234,6 +267,7 @@ class DistributedSettings(_Strict):
     hostfile: str | None = None
     slurm: SlurmSettings | None = None
     deepspeed_config: str | None = None
+    nvme_path: str | None = None  # offload: nvme: a folder on a fast local disk for ZeRO-Infinity's swaps
     master_addr: str | None = None  # multi-node: the address of node 0 as the others reach it
     master_port: int | None = Field(None, gt=0, lt=65536)
 
@@ -245,13 +279,22 @@ class DistributedSettings(_Strict):
         return v
 
 
+class RewardModelRef(_Strict):
+    """A reward model in ``rewards:``: ``{model: <run id, run directory, model folder or Hub id>}`` (checked
+    and made absolute by ``nbtrain.control.config.rewardmodels``)."""
+
+    model: str = Field(min_length=1)
+
+
 class RunConfig(_Strict):
     model: str = Field(min_length=1)
     revision: str | None = Field(None, min_length=1)  # a Hub model's branch, tag or commit (default: main)
     method: Literal["auto", Method] = "lora"
     # objective: what the training optimises; method: (above) which weights train. Orthogonal.
     objective: ObjectiveName = "sft"
-    rewards: list[str] | None = None  # GRPO: notebook functions or built-ins (nbtrain.contract.rewards)
+    # grpo / rloo: notebook functions, built-ins (nbtrain.contract.rewards) or reward models {model: ...}
+    rewards: list[str | RewardModelRef] | None = None
+    hooks: HooksSettings | None = None  # notebook functions and classes (nbtrain.contract.hooks)
     batch_size: int | None = Field(None, gt=0)  # effective batch; with per_device_train_batch_size: auto
     data: DataSettings
     train: dict[str, Any] = Field(default_factory=dict)
@@ -267,18 +310,43 @@ class RunConfig(_Strict):
     on_nan: Literal["fail", "continue"] = "fail"
     name: str | None = None
 
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _reward_models_ok(cls, v: Any) -> Any:
+        """A mapping in ``rewards:`` is a reward model, ``{model: ...}`` and nothing else (said plainly,
+        not as pydantic's union of a string and a mapping)."""
+        for entry in v if isinstance(v, list) else []:
+            if not isinstance(entry, dict):
+                continue
+            what = "a reward model is {model: RUN} (a reward run's id or folder, a model folder, a Hub id)"
+            other = sorted(str(k) for k in entry if k != "model")
+            if other:
+                close = difflib.get_close_matches(other[0], ["model"], n=1, cutoff=0.6)
+                hint = " (did you mean 'model'?)" if close else ""
+                raise ValueError(f"unknown key {other[0]!r} in {entry}{hint}: {what}")
+            if not isinstance(entry.get("model"), str) or not entry["model"].strip():
+                raise ValueError(f"{entry} names no model: {what}")
+        return v
+
     @field_validator("rewards")
     @classmethod
-    def _rewards_ok(cls, v: list[str] | None) -> list[str] | None:
+    def _rewards_ok(cls, v: list[str | RewardModelRef] | None) -> list[str | RewardModelRef] | None:
         if v is None:
             return v
         if not v:
             raise ValueError("rewards: lists at least one reward function")
         for name in v:
-            if not name.isidentifier():
-                raise ValueError(f"{name!r} is not a function name; rewards: lists Python function names")
-        if len(set(v)) != len(v):
-            raise ValueError("rewards: lists a function twice; use train: reward_weights to weigh one more")
+            if isinstance(name, str) and not name.isidentifier():
+                raise ValueError(
+                    f"{name!r} is not a function name; rewards: lists Python function names, and reward "
+                    f"models as {{model: {name}}} (an objective: reward run, a model folder or a Hub id)"
+                )
+        seen = [name if isinstance(name, str) else f"{{model: {name.model}}}" for name in v]
+        twice = sorted({s for s in seen if seen.count(s) > 1})
+        if twice:
+            raise ValueError(
+                f"rewards: lists {', '.join(twice)} twice; use train: reward_weights to weigh one more"
+            )
         return v
 
     @field_validator("name")
@@ -737,6 +805,7 @@ def _check_distributed(cfg: RunConfig, base: Path, probs: _Problems) -> dict[str
             "offloading parameters needs strategy: zero3 (ZeRO-1/2 keep every "
             "parameter on each device); use offload: optimizer, or zero3",
         )
+    _check_nvme(cfg, base, probs)
     if cfg.method == "qlora" and d.strategy == "zero3":
         probs.add(
             (*where, "strategy"),
@@ -744,15 +813,14 @@ def _check_distributed(cfg: RunConfig, base: Path, probs: _Problems) -> dict[str
             "parameters, and bitsandbytes 4-bit weights cannot be partitioned. "
             "Use strategy: ddp or zero2, or method: lora with zero3",
         )
-    if d.strategy == "fsdp":
-        # A run under accelerate's FSDP config completed on CPU but its ranks still held every parameter
-        # and the whole optimizer state: nothing showed it was sharded, so it is refused rather than
-        # offered untested.
+    if cfg.method == "qlora" and d.strategy == "fsdp":
+        # FSDP2 can shard 4-bit weights only when bitsandbytes stores them in the compute dtype
+        # (bnb_4bit_quant_storage), and bitsandbytes needs a GPU: nothing here could show that it works.
         probs.add(
             (*where, "strategy"),
-            "fsdp is not supported yet: nbtrain could not verify that it shards "
-            "on this stack. Use strategy: zero3 (DeepSpeed) to shard parameters, "
-            "gradients and optimizer state",
+            "method: qlora with strategy: fsdp is not offered: sharding 4-bit weights needs "
+            "bitsandbytes on a GPU, and nbtrain could not test it. Use method: qlora with strategy: "
+            "ddp, or method: lora with strategy: fsdp",
         )
     if d.strategy == "none" and isinstance(d.num_processes, int) and d.num_processes > 1:
         probs.add(
@@ -819,6 +887,76 @@ def _check_distributed(cfg: RunConfig, base: Path, probs: _Problems) -> dict[str
     return user_ds
 
 
+def _check_nvme(cfg: RunConfig, base: Path, probs: _Problems) -> None:
+    """offload: nvme (DeepSpeed ZeRO-Infinity) needs ZeRO-3, a folder for its swap files on a filesystem
+    that takes O_DIRECT (DeepSpeed's async I/O opens them so), and the async_io op (libaio)."""
+    d, where = cfg.distributed, ("distributed",)
+    if d.offload != "nvme":
+        if d.nvme_path is not None:
+            probs.add((*where, "nvme_path"), "nvme_path is used only with offload: nvme; add offload: nvme "
+                                             "(strategy: zero3) or remove nvme_path")  # fmt: skip
+        return
+    if d.strategy in ("zero1", "zero2"):
+        probs.add((*where, "offload"), "offload: nvme swaps parameters and optimizer state to disk, which "
+                                       "needs strategy: zero3 (or auto)")  # fmt: skip
+    if cfg.method == "qlora":
+        probs.add((*where, "offload"), "offload: nvme needs ZeRO-3, which cannot partition bitsandbytes' "
+                                       "4-bit weights; use method: lora or full")  # fmt: skip
+    if d.nvme_path is None:
+        probs.add((*where, "offload"), "offload: nvme needs nvme_path: a folder on a fast local disk "
+                                       "(NVMe SSD) for the swap files, under distributed:")  # fmt: skip
+        return
+    problem = nvme_path_problem((base / Path(d.nvme_path).expanduser()).resolve())
+    if problem is None:
+        problem = async_io_problem(tuple(sys.path))
+    if problem is not None:
+        probs.add((*where, "nvme_path"), problem)
+
+
+def nvme_path_problem(path: Path) -> str | None:
+    """Why ZeRO-Infinity cannot swap to files in ``path``, or None: it must be a folder this user can write,
+    on a filesystem that opens files with O_DIRECT, as DeepSpeed's async I/O does (its aio common code)."""
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        return f"nvme_path {path} {what}: create it on a fast local disk (mkdir -p {path}) or give another"
+    try:
+        fd, name = tempfile.mkstemp(prefix=".nbtrain-nvme-", dir=path)
+    except OSError as e:
+        return f"nvme_path {path} is not writable ({e.strerror}): give a folder you can write"
+    os.close(fd)
+    try:
+        os.close(os.open(name, os.O_WRONLY | getattr(os, "O_DIRECT", 0)))
+    except OSError as e:
+        return (
+            f"nvme_path {path}: its filesystem refuses O_DIRECT ({e.strerror}), which DeepSpeed's async I/O "
+            f"opens the swap files with (tmpfs before Linux 6.6 does); give a folder on a local disk (ext4)"
+        )
+    finally:
+        os.unlink(name)
+    return None
+
+
+@lru_cache(maxsize=4)
+def async_io_problem(sys_path: tuple[str, ...]) -> str | None:
+    """Why DeepSpeed's async_io op (ZeRO-Infinity's disk I/O) cannot build here, or None. Asked of
+    DeepSpeed itself (``AsyncIOBuilder().is_compatible()``: libaio's header and library link) in a
+    subprocess: the kernel never imports torch."""
+    del sys_path  # part of the cache key only
+    if importlib.util.find_spec("deepspeed") is None:
+        return "offload: nvme needs DeepSpeed (`pip install deepspeed`)"
+    code = "from deepspeed.ops.op_builder import AsyncIOBuilder; print(AsyncIOBuilder().is_compatible())"
+    probe = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    if probe.returncode == 0 and probe.stdout.strip().endswith("True"):
+        return None
+    return (
+        "DeepSpeed's async_io op cannot build here: it needs libaio's header and library (Debian/Ubuntu: "
+        "apt-get install libaio-dev; Fedora: dnf install libaio-devel). Install it, or use offload: "
+        "optimizer+params (CPU RAM)"
+    )
+
+
 def deepspeed_config_problem(ds: Any) -> str | None:
     if not isinstance(ds, dict):
         return "a DeepSpeed config is a JSON object"
@@ -867,16 +1005,25 @@ def _objective_sections(cfg: RunConfig, probs: _Problems) -> None:
             f"format: {fmt} is {kind}, which objective: {obj} does not train on; use format: auto or "
             f"{usable}",
         )
-    if obj == "grpo" and not cfg.rewards:
+    online = rewards_objectives()
+    if obj in online and not cfg.rewards:
         probs.add(
             ("objective",),
-            "objective: grpo learns from reward functions: add rewards: [my_reward] naming a function "
-            "defined in the notebook (def my_reward(completions, **kwargs) -> list[float]), or a built-in "
-            "(format_reward, length_reward)",
+            f"objective: {obj} learns from rewards: add rewards: [my_reward] naming a function defined in "
+            "the notebook (def my_reward(completions, **kwargs) -> list[float]), a built-in "
+            "(format_reward, length_reward), or a reward model: rewards: [{model: <an objective: reward "
+            "run's id or folder>}]",
         )
-    if obj != "grpo" and cfg.rewards:
-        probs.add(("rewards",), f"rewards: applies to objective: grpo only (objective is {obj})")
-    if obj == "grpo" and cfg.rewards:
+    if obj not in online and cfg.rewards:
+        if obj == "reward":
+            why = (
+                "a reward model learns from the chosen/rejected pairs themselves; once it is trained, "
+                "name its run in a grpo or rloo run: rewards: [{model: <this run's id>}]"
+            )
+        else:
+            why = f"objective is {obj}"
+        probs.add(("rewards",), f"rewards: applies to objective: {' or '.join(online)} only ({why})")
+    if obj in online and cfg.rewards:
         weights = cfg.train.get("reward_weights")
         if isinstance(weights, list) and len(weights) != len(cfg.rewards):
             probs.add(
@@ -886,8 +1033,68 @@ def _objective_sections(cfg: RunConfig, probs: _Problems) -> None:
         gens = cfg.train.get("num_generations")
         if isinstance(gens, int) and not isinstance(gens, bool) and gens < 2:
             probs.add(
-                ("train", "num_generations"), "GRPO compares completions of a prompt: num_generations >= 2"
+                ("train", "num_generations"),
+                f"{obj.upper()} compares completions of a prompt: num_generations >= 2",
             )
+
+
+def _reward_models(cfg: RunConfig, base: Path, probs: _Problems) -> list[str | RewardModelRef] | None:
+    """``rewards:`` with each ``{model: ...}`` resolved to what the worker loads (a run's or a folder's
+    absolute directory, or a Hub id); a reference that cannot be used is a problem naming the fix."""
+    if not cfg.rewards or cfg.objective not in rewards_objectives():
+        return cfg.rewards
+    out: list[str | RewardModelRef] = []
+    for i, entry in enumerate(cfg.rewards):
+        if isinstance(entry, RewardModelRef):
+            source, problem = rewardmodels.resolve(entry.model, base)
+            if problem is not None:
+                probs.add(("rewards", i, "model"), problem)
+            entry = RewardModelRef(model=source or entry.model)
+        out.append(entry)
+    return out
+
+
+def _hooks_sections(cfg: RunConfig, probs: _Problems) -> None:
+    """``hooks:`` against the objective, the data and the launcher (the names themselves are looked up in
+    the notebook by prepare, nbtrain.contract.hooks)."""
+    h = cfg.hooks
+    if h is None:
+        return
+    obj = cfg.objective
+    if h.loss is not None and obj != "sft":
+        probs.add(
+            ("hooks", "loss"),
+            f"hooks: loss applies to objective: sft (TRL's {obj} trainer computes its objective's own loss); "
+            f"remove it, or use objective: sft",
+        )
+    if h.loss is not None and cfg.train.get("loss_type") == "dft":
+        probs.add(("hooks", "loss"), "hooks: loss replaces the loss, as train: loss_type: dft does; give one")
+    if h.compute_metrics is not None:
+        if obj == "grpo":
+            probs.add(
+                ("hooks", "compute_metrics"),
+                "hooks: compute_metrics runs in the trainer's evaluation, which TRL's GRPO trainer does not "
+                "have; score completions with rewards: instead",
+            )
+        elif cfg.data.eval is None and cfg.data.eval_split is None:
+            probs.add(
+                ("hooks", "compute_metrics"),
+                "hooks: compute_metrics runs when the model is evaluated, and this run has no eval data: add "
+                "data: eval_split: 0.1 (a share of the training rows) or data: eval: FILE",
+            )
+    if h.preprocess_logits_for_metrics is not None and h.compute_metrics is None:
+        probs.add(
+            ("hooks", "preprocess_logits_for_metrics"),
+            "hooks: preprocess_logits_for_metrics prepares the logits for compute_metrics; add "
+            "compute_metrics, or remove it",
+        )
+    if cfg.distributed.launcher == "notebook" and any(v is not None for v in h.model_dump().values()):
+        probs.add(
+            ("hooks",),
+            "hooks: run inside nbtrain's training worker, and launcher: notebook runs a training function "
+            "of yours instead (nbtrain.launch_function): call your functions from that function, or remove "
+            "launcher: notebook",
+        )
 
 
 def planned_problems(res: Resolved, args: dict[str, Any], world_size: int) -> None:
@@ -912,7 +1119,7 @@ def planned_problems(res: Resolved, args: dict[str, Any], world_size: int) -> No
                 "per_device_train_batch_size of 2 or more",
             )
         )
-    if cfg.objective == "grpo":
+    if cfg.objective in rewards_objectives():  # GRPO and RLOO sample groups of completions alike
         items += _grpo_batch_problems(cfg, value, world_size)
     if items:
         raise problems_error(res.text, items)
@@ -1028,6 +1235,17 @@ def _data_sections(cfg: RunConfig, probs: _Problems) -> None:
         )
 
 
+def _preprocess_hook(raw: dict[str, Any], namespace: Mapping[str, Any] | None) -> RowHook | None:
+    """``hooks: preprocess`` for the kernel's look at the rows: the notebook's function when ``namespace``
+    has it (a missing one is reported by prepare, which captures the hooks), else None in ``fn``."""
+    hooks = raw.get("hooks")
+    name = hooks.get("preprocess") if isinstance(hooks, dict) else None
+    if not isinstance(name, str) or not name:
+        return None
+    fn = namespace.get(name) if namespace is not None else None
+    return RowHook(fn if callable(fn) else None, f"hooks: preprocess ({name})")
+
+
 def _check_sources(
     data: dict[str, Any],
     fmt: str,
@@ -1035,13 +1253,15 @@ def _check_sources(
     base: Path,
     objective: str,
     probs: _Problems,
+    hook: RowHook | None = None,
 ) -> list[DataSource]:
     """Inspect every ``data: train:`` source (a string or a list of them) with its own format and
-    column mapping; sources that cannot be mixed (conversations with plain text, ...) are a problem."""
+    column mapping (after ``hooks: preprocess``); sources that cannot be mixed (conversations with plain
+    text, ...) are a problem."""
     train = data.get("train")
     if isinstance(train, str) and train:
         try:
-            return [inspect_data(train, fmt, base, objective, columns)]
+            return [inspect_data(train, fmt, base, objective, columns, preprocess=hook)]
         except DataProblem as e:
             probs.add(("data", "train"), str(e))
             return []
@@ -1057,7 +1277,7 @@ def _check_sources(
         try:
             src = inspect_data(
                 spec.path, src_fmt, base, objective, spec.columns or columns, split=spec.split,
-                data_files=spec.data_files,
+                data_files=spec.data_files, preprocess=hook,
             )  # fmt: skip
         except DataProblem as e:
             probs.add(("data", "train", i, "path"), str(e))
@@ -1142,12 +1362,18 @@ class ConfigRules(Protocol):
 
 
 def load_config(
-    source: str | Path | dict[str, Any], *, name: str | None = None, preset: ConfigRules | None = None
+    source: str | Path | dict[str, Any],
+    *,
+    name: str | None = None,
+    preset: ConfigRules | None = None,
+    namespace: Mapping[str, Any] | None = None,
 ) -> Resolved:
     """Validate a config and everything it points at; raise ConfigError listing every problem.
 
     With a lab ``preset`` (nbtrain.control.config.preset), what it fixes and the config leaves out is
-    filled in first, and its violations are reported with the other problems."""
+    filled in first, and its violations are reported with the other problems. ``namespace``: the
+    notebook's, where ``hooks: preprocess`` is found to look at the rows as the worker will format them
+    (without it, their format is left to the worker)."""
     raw, text, base = parse_source(source)
     probs = _Problems(text)
     if raw is None:
@@ -1187,10 +1413,13 @@ def load_config(
     if isinstance(train, dict) and known_objective is not None:
         _check_train(train, raw.get("precision", "auto"), probs, known_objective)
     user_ds: dict[str, Any] | None = None
+    reward_list: list[str | RewardModelRef] | None = None
     if cfg is not None:
         _method_sections(cfg, probs)
         _data_sections(cfg, probs)
         _objective_sections(cfg, probs)
+        reward_list = _reward_models(cfg, base, probs)
+        _hooks_sections(cfg, probs)
         user_ds = _check_distributed(cfg, base, probs)
     data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
     fmt = data.get("format", "auto")
@@ -1206,10 +1435,13 @@ def load_config(
     sources: dict[str, DataSource] = {}
     train_sources: list[DataSource] = []
     if known_objective is not None and columns_ok:
-        train_sources = _check_sources(data, fmt, columns, base, known_objective, probs)
+        hook = _preprocess_hook(raw, namespace)
+        train_sources = _check_sources(data, fmt, columns, base, known_objective, probs, hook)
         if isinstance(data.get("eval"), str) and data["eval"]:
             try:
-                sources["eval"] = inspect_data(data["eval"], fmt, base, known_objective, columns)
+                sources["eval"] = inspect_data(
+                    data["eval"], fmt, base, known_objective, columns, preprocess=hook
+                )
             except DataProblem as e:
                 probs.add(("data", "eval"), str(e))
     if raw.get("method") == "qlora":
@@ -1230,6 +1462,8 @@ def load_config(
         updates["quantization"] = QuantSettings.model_validate({})
     if model_kind == "local":
         updates["model"] = str((base / Path(cfg.model).expanduser()).resolve())
+    if reward_list is not None:
+        updates["rewards"] = reward_list  # {model: ...} as the worker loads it: a directory or a Hub id
     data_updates: dict[str, Any] = {"train": train_src.location}
     if isinstance(cfg.data.train, list):
         data_updates["train"] = [
@@ -1241,7 +1475,7 @@ def load_config(
     updates["data"] = cfg.data.model_copy(update=data_updates)
     cfg = cfg.model_copy(update=updates)
     dist_updates: dict[str, Any] = {}
-    for key in ("hostfile", "deepspeed_config"):
+    for key in ("hostfile", "deepspeed_config", "nvme_path"):
         value = getattr(cfg.distributed, key)
         if value is not None:
             dist_updates[key] = str((base / Path(value).expanduser()).resolve())

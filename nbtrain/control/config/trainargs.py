@@ -1,10 +1,10 @@
 """Validate ``train:`` keys against the TRL config of the run's objective without importing TRL.
 
-``objective: sft`` takes SFTConfig names, ``dpo`` DPOConfig, ``orpo`` ORPOConfig, ``kto`` KTOConfig and
-``grpo`` GRPOConfig (see nbtrain.contract.objectives). Each field list comes from a JSON snapshot shipped with
-the package (nbtrain/assets/<objective>_fields.json, made by ``nbtrain.worker.introspect`` for the
-versions nbtrain is tested with). If the installed TRL or transformers differ, the snapshot is made
-again once in a subprocess and cached under NBTRAIN_HOME.
+``objective: sft`` takes SFTConfig names, ``dpo`` DPOConfig, ``orpo`` ORPOConfig, ``kto`` KTOConfig,
+``reward`` RewardConfig, ``grpo`` GRPOConfig and ``rloo`` RLOOConfig (see nbtrain.contract.objectives).
+Each field list comes from a JSON snapshot shipped with the package (nbtrain/assets/<objective>_fields.json,
+made by ``nbtrain.worker.introspect`` for the versions nbtrain is tested with). If the installed TRL or
+transformers differ, the snapshot is made again once in a subprocess and cached under NBTRAIN_HOME.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ MANAGED = {
     "no_cuda": "the plan chooses the device from the hardware it finds",
     "local_rank": "the launcher sets the rank",
     "deepspeed": "DeepSpeed is chosen by `distributed:` (multi-process support), not by train.deepspeed",
+    "fsdp": "FSDP is chosen by `distributed: {strategy: fsdp}`, not by train.fsdp",
+    "fsdp_config": "nbtrain writes the FSDP settings from `distributed: {strategy: fsdp}`",
     "resume_from_checkpoint": "resuming is done by nbtrain from the run directory",
     "overwrite_output_dir": "each run has its own directory",
 }
@@ -124,7 +126,7 @@ def config_name(objective: str = "sft") -> str:
     return OBJECTIVES[objective].config_class.split(":")[1]
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=16)  # one per objective, and peft's LoraConfig
 def fields_for(objective: str = "sft") -> dict[str, FieldSpec]:
     """The settable fields of the TRL config of ``objective``, from the shipped or a regenerated snapshot."""
     if objective not in OBJECTIVES and objective != LORA:

@@ -18,9 +18,10 @@ from typing import Any
 import yaml
 
 from nbtrain.contract.errors import ConfigError, Problem
+from nbtrain.control import memory
 from nbtrain.control.config.choices import ZERO_STAGES
 from nbtrain.control.config.schema import Resolved
-from nbtrain.control.plan.planner import Plan
+from nbtrain.control.plan.planner import Plan, fsdp_settings
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
 
@@ -40,6 +41,8 @@ def deepspeed_config(res: Resolved, plan: Plan, args: dict[str, Any]) -> dict[st
         zero.setdefault("offload_optimizer", {"device": "cpu", "pin_memory": pin})
     if plan.offload == "optimizer+params":
         zero.setdefault("offload_param", {"device": "cpu", "pin_memory": pin})
+    if plan.offload == "nvme":
+        _zero_infinity(res, plan, ds, zero)
     if stage == 3:
         # Save a whole model (not shards) at the end, so output/ loads with from_pretrained.
         zero.setdefault("stage3_gather_16bit_weights_on_model_save", True)
@@ -83,6 +86,28 @@ def deepspeed_config(res: Resolved, plan: Plan, args: dict[str, Any]) -> dict[st
         }
     ds.setdefault("steps_per_print", 10**9)  # the run directory has the metrics; keep the logs quiet
     return ds
+
+
+def _zero_infinity(res: Resolved, plan: Plan, ds: dict[str, Any], zero: dict[str, Any]) -> None:
+    """offload: nvme: parameters and optimizer state swap to files under nvme_path through DeepSpeed's
+    async I/O (libaio; the async_io op builds on first use). Its buffers are pinned RAM: the parameter
+    buffer holds the largest parameter's partition (DeepSpeed's 1e8 elements x 5 otherwise, when the
+    model's config.json is not here), an optimizer buffer one fp32 sub-group."""
+    path, pin = str(res.config.distributed.nvme_path), plan.device == "cuda"
+    where: dict[str, Any] = {"device": "nvme", "nvme_path": path, "pin_memory": pin}
+    param: dict[str, Any] = {**where, "buffer_count": memory.NVME_PARAM_BUFFERS}
+    mc = memory.load_model_config(res.config.model, res.config.revision)
+    if mc is not None:
+        param["buffer_size"] = memory.nvme_param_buffer(memory.count_parameters(mc), plan.world_size)
+    zero.setdefault("offload_param", param)
+    zero.setdefault("offload_optimizer", {**where, "buffer_count": memory.NVME_OPTIMIZER_BUFFERS})
+    zero.setdefault("sub_group_size", memory.NVME_SUB_GROUP)
+    # DeepSpeed's defaults, written out so the run directory shows them
+    ds.setdefault(
+        "aio",
+        {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+         "overlap_events": True},
+    )  # fmt: skip
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -195,12 +220,16 @@ def accelerate_config(plan: Plan, run_dir: Path) -> dict[str, Any]:
             "zero3_init_flag": plan.strategy == "zero3",
         }
     if kind == "FSDP":
+        # accelerate's names for the settings the training args carry (planner.fsdp_settings)
+        fsdp = fsdp_settings(plan)
         cfg["fsdp_config"] = {
-            "fsdp_version": 2,
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_state_dict_type": "FULL_STATE_DICT",
-            "fsdp_cpu_ram_efficient_loading": False,
-            "fsdp_offload_params": plan.offload != "none",
+            "fsdp_version": fsdp["version"],
+            "fsdp_auto_wrap_policy": fsdp["auto_wrap_policy"],
+            "fsdp_reshard_after_forward": fsdp["reshard_after_forward"],
+            "fsdp_state_dict_type": fsdp["state_dict_type"],
+            "fsdp_cpu_ram_efficient_loading": fsdp["cpu_ram_efficient_loading"],
+            "fsdp_sync_module_states": fsdp["cpu_ram_efficient_loading"],  # accelerate wants both
+            "fsdp_offload_params": False,  # offload: needs DeepSpeed ZeRO (the schema says so)
         }
     if plan.device == "cuda":
         cfg["gpu_ids"] = ",".join(str(g) for g in plan.gpus)

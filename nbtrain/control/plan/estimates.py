@@ -81,16 +81,24 @@ def compare_table(
     sentence, ``why`` adds, for a row that does not fit, the largest part and the setting that shrinks it.
     Without a GPU the only rows are single-process CPU runs, measured against RAM (in fp32, as the planner
     trains on CPU, unless ``request`` names a precision). qlora x zero3 is left out (nbtrain rejects it).
+    On an Apple MPS GPU or Ascend NPUs: full and LoRA, one process (and DDP over several NPUs).
     """
     req = request or Request()
     gpus = len(hardware.gpus)
-    device = "cuda" if gpus else "cpu"
-    kind = hardware.gpus[0].name if gpus else "CPU RAM"
-    precision = req.precision if gpus or request is not None else "fp32"
+    # An Apple MPS GPU or Ascend NPUs (no NVIDIA GPU): single process or DDP, no QLoRA, no ZeRO (the
+    # planner refuses them there: plan/accelerators.py); the MPS GPU is measured against the RAM it shares.
+    acc = hardware.accelerator if not gpus else None
+    device = "cuda" if gpus else acc.kind if acc else "cpu"
+    kind = hardware.gpus[0].name if gpus else acc.name if acc else "CPU RAM"
+    # precision on CPU and MPS as the planner picks it unless ``request`` names one; Ascend: bf16
+    precision = req.precision if gpus or request is not None or device == "npu" else "fp32"
+    ladder = _strategies(gpus) if acc is None else [("none", "none", 1)]
+    if acc is not None and acc.count > 1:
+        ladder.append(("ddp", "none", acc.count))
     rows: list[dict[str, Any]] = []
     for method in METHODS:
-        for strategy, offload, per_node in _strategies(gpus):
-            if method == "qlora" and strategy == "zero3":
+        for strategy, offload, per_node in ladder:
+            if method == "qlora" and (strategy == "zero3" or acc is not None):
                 continue
             nodes = req.nodes if strategy != "none" else 1
             kwargs = {**req.estimate_kwargs(), "precision": precision}

@@ -15,8 +15,9 @@ What counts as usable, per memory pool (each GPU a process runs on; the node's R
   is named as the reason. On an idle GPU available ~ total, so the margin decides; RAM is rarely idle.
 
 A GPU run is checked per GPU (every rank holds the same) and, separately, for the host RAM a node needs
-(loading the model, offloaded optimizer state). A CPU run's processes share the node's RAM: their sum
-is checked. A size the machine did not report (0) is not checked.
+(loading the model, offloaded optimizer state); an Ascend NPU run likewise, per NPU. A CPU run's processes
+share the node's RAM: their sum is checked, and an Apple MPS run's too (the GPU shares the RAM). A size the
+machine did not report (0) is not checked.
 """
 
 from __future__ import annotations
@@ -69,8 +70,15 @@ def fits(estimate: Estimate, hardware: Hardware) -> Fit:
         need, where = estimate.per_device_bytes, "per GPU"
         host_need = estimate.cpu_bytes
         host_usable = usable(hardware.ram_total, hardware.ram_available) if hardware.ram_total else 0
+    elif i["device"] == "npu" and hardware.accelerator is not None:
+        # An Ascend NPU's memory is not read (no driver tool is asked): 0, so the estimate is not checked.
+        capacity = available = hardware.accelerator.memory_total
+        need, where = estimate.per_device_bytes, "per NPU"
+        host_need = estimate.cpu_bytes
+        host_usable = usable(hardware.ram_total, hardware.ram_available) if hardware.ram_total else 0
     else:
-        # Every process of a CPU run holds its own parts in the same RAM.
+        # Every process of a CPU run holds its own parts in the same RAM; so does an Apple MPS GPU's run
+        # (unified memory: the GPU's memory is the RAM).
         capacity, available = hardware.ram_total, hardware.ram_available
         need, where = estimate.per_device_bytes * per_node, "in RAM"
         host_need = host_usable = 0

@@ -15,6 +15,7 @@ from typing import Any
 from nbtrain.control import memory
 from nbtrain.control.config.schema import Resolved, RunConfig, bitsandbytes_problem
 from nbtrain.control.memory import Estimate
+from nbtrain.control.plan.accelerators import ACCELERATORS, QLORA_WHY, UNVERIFIED, accelerator_precision
 from nbtrain.control.plan.estimates import request_for
 from nbtrain.control.plan.fit import MARGIN, Fit, fits
 from nbtrain.hardware import Hardware
@@ -22,7 +23,7 @@ from nbtrain.hardware import Hardware
 
 @dataclass
 class Plan:
-    device: str  # "cpu" | "cuda"
+    device: str  # "cpu" | "cuda" | "mps" (Apple silicon) | "npu" (Ascend)
     num_processes: int  # per node
     launcher: str  # direct (python -m nbtrain.worker) | torchrun | deepspeed | accelerate | notebook
     precision: str  # "fp32" | "fp16" | "bf16"
@@ -59,15 +60,15 @@ def _strategy(res: Resolved, hw: Hardware, reasons: list[str]) -> tuple[str, int
     n = d.num_processes
     if n == "auto":
         if strategy in ("auto", "none"):
-            n = max(1, len(hw.gpus)) if strategy == "auto" else 1
+            n = max(1, _devices(hw)) if strategy == "auto" else 1
         else:
             # On CPU several processes over gloo make a real (if slow) distributed run: 2 is enough to
             # exercise every collective without oversubscribing a small machine.
-            n = len(hw.gpus) if hw.gpus else 2
+            n = _devices(hw) or 2
     assert isinstance(n, int)
     if strategy == "auto":
         if d.offload != "none":
-            strategy = "zero3" if d.offload == "optimizer+params" else "zero2"
+            strategy = "zero3" if d.offload in ("optimizer+params", "nvme") else "zero2"
             reasons.append(f"strategy {strategy}: offload: {d.offload} needs DeepSpeed ZeRO")
         elif n * d.nodes > 1:
             strategy = "ddp"
@@ -79,6 +80,11 @@ def _strategy(res: Resolved, hw: Hardware, reasons: list[str]) -> tuple[str, int
     return strategy, n
 
 
+def _devices(hw: Hardware) -> int:
+    """The devices one process each can train on: NVIDIA GPUs, else Ascend NPUs or the one MPS GPU."""
+    return len(hw.gpus) or (hw.accelerator.count if hw.accelerator is not None else 0)
+
+
 def _launcher(strategy: str, requested: str, world: int) -> str:
     if requested != "auto":
         return requested
@@ -86,9 +92,7 @@ def _launcher(strategy: str, requested: str, world: int) -> str:
         return "direct"  # a launcher parent costs ~4 s and ~250 MB for nothing
     if strategy.startswith("zero"):
         return "deepspeed"
-    if strategy == "fsdp":
-        return "accelerate"
-    return "torchrun"
+    return "torchrun"  # fsdp too: its settings travel in the training args, whatever starts the ranks
 
 
 def make_plan(res: Resolved, hw: Hardware) -> Plan:
@@ -109,6 +113,9 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
         )
         if len(hw.gpus) > n:
             reasons.append(f"{len(hw.gpus)} GPUs found; this run uses {n}")
+    elif hw.accelerator is not None:
+        device, gpus = hw.accelerator.kind, []
+        reasons.append(f"{n} process(es) per node on {hw.accelerator.name}: {UNVERIFIED[device]}")
     else:
         device, gpus = "cpu", []
         why = f" ({hw.nvml_error})" if hw.nvml_error else ""
@@ -124,6 +131,8 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
         if device == "cpu":
             precision = "fp32"
             reasons.append("precision fp32: the CPU trains in full precision")
+        elif hw.accelerator is not None and device == hw.accelerator.kind:
+            precision = accelerator_precision(hw.accelerator, reasons)
         elif hw.gpus[0].bf16:
             precision = "bf16"
             reasons.append("precision bf16: the GPU supports it (compute capability >= 8.0)")
@@ -137,12 +146,20 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
         )
     elif device == "cpu" and precision == "fp16":
         warnings.append("fp16 mixed precision is not supported on CPU; use fp32 or bf16")
+    elif device == "mps" and precision == "bf16":  # before macOS 14 accelerator_problems refuses it
+        warnings.append("bf16 on MPS is emulated in fp32 on M1/M2 chips (slower than fp16 there)")
     offload = d.offload
     plan = Plan(device, n, "direct", precision, strategy, offload, d.nodes, gpus, reasons=reasons,
                 warnings=warnings)  # fmt: skip
     plan.method = cfg.method
     _plan_memory(res, hw, plan)
     plan.launcher = _launcher(plan.strategy, d.launcher, world)
+    if plan.strategy == "fsdp":
+        reasons.append(
+            "strategy fsdp: FSDP2 (fully_shard) per decoder layer, weights read on rank 0 and sharded, "
+            "sharded checkpoints" + (" (on CPU nbtrain turns it on: accelerate would run DDP)"
+                                     if device == "cpu" else "")
+        )  # fmt: skip
     if plan.strategy != "none":
         reasons.append(f"launcher {plan.launcher} (starts cold: the warm process forks one-process runs)")
     elif cfg.method == "qlora":
@@ -169,6 +186,19 @@ def estimate_for(config: RunConfig, plan: Plan, model_config: Mapping[str, Any],
     )  # fmt: skip
 
 
+def sharding_ladder() -> tuple[list[tuple[str, str]], str]:
+    """What ``strategy: auto`` tries for a full fine-tune on several GPUs, cheapest first, and why.
+
+    ZeRO (DeepSpeed) first: the same sharding as FSDP's, plus optimizer and parameter offload when even
+    ZeRO-3 does not fit. Without DeepSpeed installed, FSDP2 (PyTorch's own) shards instead."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return [("ddp", "none"), ("fsdp", "none")], "; FSDP2: DeepSpeed is not installed"
+    return [("ddp", "none"), ("zero2", "none"), ("zero3", "none"), ("zero3", "optimizer"),
+            ("zero3", "optimizer+params")], ""  # fmt: skip
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -191,6 +221,9 @@ def _plan_memory(res: Resolved, hw: Hardware, plan: Plan) -> None:
         elif plan.device == "cpu":
             plan.method = "lora"
             reasons.append("method lora: on CPU, bitsandbytes' 4-bit kernels are slow and memory is RAM")
+        elif plan.device in ACCELERATORS:
+            plan.method = "lora"
+            reasons.append(f"method lora: QLoRA is not offered on {plan.device} ({QLORA_WHY[plan.device]})")
         else:
             weights16 = 2 * memory.count_parameters(mc).total
             cap = min(g.memory_total for g in hw.gpus)
@@ -218,13 +251,14 @@ def _plan_memory(res: Resolved, hw: Hardware, plan: Plan) -> None:
     d = cfg.distributed
     try:
         if d.strategy == "auto" and plan.device == "cuda" and plan.world_size > 1 and plan.method == "full":
-            for strategy, offload in (("ddp", "none"), ("zero2", "none"), ("zero3", "none"),
-                                      ("zero3", "optimizer"), ("zero3", "optimizer+params")):  # fmt: skip
+            ladder, why_ladder = sharding_ladder()
+            for strategy, offload in ladder:
                 tried = fits(estimate_for(cfg, plan, mc, strategy=strategy, offload=offload), hw)
                 if tried.ok:
                     if (strategy, offload) != (plan.strategy, plan.offload):
                         extra = f" + offload {offload}" if offload != "none" else ""
-                        reasons.append(f"strategy {strategy}{extra}: the first that fits ({tried.why})")
+                        fit_why = f"the first that fits ({tried.why}){why_ladder}"
+                        reasons.append(f"strategy {strategy}{extra}: {fit_why}")
                     plan.strategy, plan.offload = strategy, offload
                     break
         if cfg.train.get("per_device_train_batch_size") == "auto":
@@ -267,7 +301,7 @@ def _smallest_change(res: Resolved, plan: Plan, hw: Hardware, mc: dict[str, Any]
     changes: list[tuple[str, dict[str, Any]]] = []
     if not res.config.train.get("gradient_checkpointing", True):
         changes.append(("gradient_checkpointing: true", {"gradient_checkpointing": True}))
-    if plan.world_size > 1 and plan.method == "full":
+    if plan.world_size > 1 and plan.method == "full" and plan.device not in ACCELERATORS:  # no ZeRO there
         for strategy, offload in (("zero2", "none"), ("zero3", "none"), ("zero3", "optimizer"),
                                   ("zero3", "optimizer+params")):  # fmt: skip
             changes.append((f"distributed: {{strategy: {strategy}, offload: {offload}}}",
@@ -297,6 +331,22 @@ def _smallest_change(res: Resolved, plan: Plan, hw: Hardware, mc: dict[str, Any]
     return f"{fit.why}, and no single change fits: use a smaller model or more/larger GPUs"
 
 
+def fsdp_settings(plan: Plan) -> dict[str, Any]:
+    """The FSDP settings of a ``strategy: fsdp`` plan, as transformers' ``fsdp_config`` takes them (the
+    training args carry them, so they hold whatever launcher starts the ranks; ``accelerate.yaml`` says
+    the same). FSDP2 (``fully_shard``) wraps each decoder layer (the model's ``_no_split_modules``), the
+    weights load on rank 0 only and reach the others as shards (CPU-RAM-efficient loading), checkpoints
+    are sharded (each rank writes its own part: resumable, never gathered), the final model is gathered
+    once into output/. Mixed precision follows the plan's precision (bf16/fp16 where the device has it)."""
+    return {
+        "version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "reshard_after_forward": True,
+        "state_dict_type": "SHARDED_STATE_DICT",
+        "cpu_ram_efficient_loading": True,
+    }
+
+
 def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
     """The TRL config (SFTConfig, DPOConfig, ...) keyword arguments the worker will use, minus the
     run-dir paths.
@@ -314,9 +364,9 @@ def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
         "save_steps": 500,
         "disable_tqdm": True,
     }
-    if res.config.objective in ("orpo", "grpo"):
-        # Their batches hold no input_ids for the Trainer to count (it would warn every step); GRPO
-        # counts prompt + completion tokens itself (num_tokens, which the run-dir callback uses).
+    if res.config.objective in ("orpo", "grpo", "rloo"):
+        # Their batches hold no input_ids for the Trainer to count (it would warn every step); GRPO and
+        # RLOO count prompt + completion tokens themselves (num_tokens, which the run-dir callback uses).
         args["include_num_input_tokens_seen"] = "no"
     has_eval = res.config.data.eval is not None or res.config.data.eval_split is not None
     if has_eval:
@@ -325,6 +375,8 @@ def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
     if plan.device == "cpu":
         args["use_cpu"] = True
         args["dataloader_pin_memory"] = False
+    elif plan.device == "mps":
+        args["dataloader_pin_memory"] = False  # the GPU shares the RAM: nothing to pin for (torch warns)
     if plan.world_size > 1:
         if plan.device == "cpu":
             args["ddp_backend"] = "gloo"
@@ -333,6 +385,9 @@ def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
             args["ddp_find_unused_parameters"] = False
     args["bf16"] = plan.precision == "bf16"
     args["fp16"] = plan.precision == "fp16"
+    if plan.strategy == "fsdp":
+        args["fsdp"] = "full_shard"
+        args["fsdp_config"] = fsdp_settings(plan)
     args.update(user)
     if plan.micro_batch is not None:
         args["per_device_train_batch_size"] = plan.micro_batch

@@ -295,6 +295,9 @@ def read_records(
     return JsonlTail(path, below=below).read()
 
 
+MAX_NOTEBOOK_METRICS = 12  # the notebook's metrics a view draws a panel for (the first ones logged)
+
+
 class MetricsTail:
     """Everything a live view needs from metrics.jsonl and system.jsonl, read incrementally.
 
@@ -302,7 +305,9 @@ class MetricsTail:
     ``step`` (``loss``, ``eval_loss``, ``lr``, ``grad_norm``, ``tokens_per_s`` and any other numeric key
     a recipe logs, e.g. ``rewards/margins``); system samples per ``(rank, key)`` against the wall
     time ``t``. A line still being written is left for a later poll. With ``rows`` the last that many
-    metrics records are also kept whole, in ``recent`` (a table of the latest steps).
+    metrics records are also kept whole, in ``recent`` (a table of the latest steps). The keys records
+    list in ``notebook_metrics`` (what the run's ``hooks: compute_metrics`` returned, e.g. ``eval_exact``)
+    are gathered in ``notebook_metrics``: views draw each in a panel of its own.
     """
 
     def __init__(
@@ -338,6 +343,8 @@ class MetricsTail:
         self.version = 0
         self.caught_up = False  # until a poll has read to the end of both files
         self.recent: deque[dict[str, Any]] = deque(maxlen=self.rows)
+        # keys the records list in "notebook_metrics" (what hooks: compute_metrics returned), in order seen
+        self.notebook_metrics: dict[str, None] = {}
         # below: no link is followed inside the run directory (a FIFO or a link raises NotRegularFile)
         self._metrics_file = JsonlTail(self.paths.metrics, below=self.paths.root)
         self._system_file = JsonlTail(self.paths.system, below=self.paths.root)
@@ -393,6 +400,12 @@ class MetricsTail:
         if t is not None:
             self._progress.append((t, x))
             self.clock.append(x, t)
+        marked = rec.get("notebook_metrics")
+        if isinstance(marked, list):
+            for key in marked[:MAX_NOTEBOOK_METRICS]:
+                room = len(self.notebook_metrics) < MAX_NOTEBOOK_METRICS
+                if room and isinstance(key, str) and _is_number(rec.get(key)):
+                    self.notebook_metrics.setdefault(key)
         for key, value in rec.items():
             if key in ("t", "step") or not _is_number(value):
                 continue

@@ -447,7 +447,7 @@ def validate_config(text: str) -> dict[str, Any]:
     kernel, which the server cannot see (the kernel checks them when the run starts)."""
     from nbtrain.control.prepare import validate
 
-    problems = validate(text, capture_rewards=False)
+    problems = validate(text, capture_notebook=False)
     return {"valid": not problems, "problems": [asdict(p) for p in problems]}
 
 

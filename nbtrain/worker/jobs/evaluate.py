@@ -52,8 +52,11 @@ def _parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------------ data
 
 
-def eval_rows(resolved: dict[str, Any], tok: Any, file: str | None) -> tuple[Any, str]:
-    """(rows in SFT form, where they came from): ``file``, else the run's own eval data as training saw it."""
+def eval_rows(
+    resolved: dict[str, Any], tok: Any, file: str | None, preprocess: Any = None
+) -> tuple[Any, str]:
+    """(rows in SFT form, where they came from): ``file``, else the run's own eval data as training saw it
+    (``preprocess``: the run's ``hooks: preprocess``, nbtrain.worker.hooks.load_run_preprocess)."""
     from nbtrain.contract.formats import FILE_KINDS, SFT_FORMATS
     from nbtrain.worker.data import DataError, convert, load_raw, rename_columns
     from nbtrain.worker.recipes.common import load_run_data
@@ -76,7 +79,7 @@ def eval_rows(resolved: dict[str, Any], tok: Any, file: str | None) -> tuple[Any
             f"text; give file= with SFT rows (messages, alpaca, sharegpt or text) to measure loss on"
         )
     # The recipes' own loader: the same files, column mapping and seeded split as in training.
-    _, held_out = load_run_data(resolved, tok)
+    _, held_out = load_run_data(resolved, tok, preprocess=preprocess)
     if held_out is None:
         raise DataError(
             "the run has no eval data (its config has no data: eval_split or data: eval); give file= "
@@ -218,6 +221,7 @@ def as_base(model: Any) -> Iterator[None]:
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from nbtrain.worker.hooks import load_run_preprocess
     from nbtrain.worker.tuned import load_processor, load_tuned, trained_weights_dir
 
     paths = RunPaths(Path(args.run_dir).resolve())
@@ -228,7 +232,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     weights = trained_weights_dir(paths.root)
     model, tok = load_tuned(paths.root, device=device)
     processor = load_processor(paths.root)  # a vision-language run's: it collates the image rows
-    rows, source = eval_rows(resolved, tok, args.file)
+    preprocess = load_run_preprocess(paths, cfg) if args.file is None else None  # the run's own rows
+    rows, source = eval_rows(resolved, tok, args.file, preprocess)
     if args.limit is not None:
         n = int(args.limit) if args.limit >= 1 else max(1, int(len(rows) * args.limit))
         rows = rows.select(range(min(n, len(rows))))

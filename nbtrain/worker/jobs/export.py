@@ -8,7 +8,8 @@ With merging (the default) the result loads with ``AutoModelForCausalLM.from_pre
 - qlora: the base loaded as in training (4/8-bit), de-quantised to the target dtype, then merged, so the
          merged weights are the ones the adapter was trained against (not the original full-precision ones);
 - full:  the fine-tuned weights, in the target dtype.
-Without merging a LoRA/QLoRA run exports its adapter (peft format; it names the base model).
+Without merging a LoRA/QLoRA run exports its adapter (peft format; it names the base model). A reward
+run (objective: reward) exports a sequence classifier: ``AutoModelForSequenceClassification`` loads it.
 
 DIR gets safetensors weights, the tokenizer, the generation config and ``nbtrain_export.json`` (where it
 came from). Everything is written into a temporary sibling directory that is renamed to DIR at the end,
@@ -127,10 +128,12 @@ def write_export(run_dir: Path, target: Path, *, merge: bool, dtype_name: str) -
         print(f"nbtrain export: {method} run, weights from {weights}, dtype {dtype}", flush=True)
         model = merged_model(run_dir, cfg, weights, dtype)
         model = model.to(dtype)
-        if getattr(model.generation_config, "pad_token_id", None) is None and tok.pad_token_id is not None:
-            model.generation_config.pad_token_id = tok.pad_token_id
+        generation = getattr(model, "generation_config", None)  # None for a reward model (a scorer)
+        if generation is not None and generation.pad_token_id is None and tok.pad_token_id is not None:
+            generation.pad_token_id = tok.pad_token_id
         model.save_pretrained(str(target))  # safetensors
-        model.generation_config.save_pretrained(str(target))
+        if generation is not None:
+            generation.save_pretrained(str(target))
         kind = "merged" if method in ("lora", "qlora") else "full"
     (processor or tok).save_pretrained(str(target))
     step = None

@@ -61,7 +61,7 @@ THUMBNAIL = 96  # pixels, the longer side of an image shown beside its row
 
 
 def vision_tokenised(
-    resolved: dict[str, Any], processor: Any, rows: int
+    resolved: dict[str, Any], processor: Any, rows: int, preprocess: Any = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The first ``rows`` examples of a vision-language run as TRL's vision collator prepares each batch
     (chat template, image tokens, ``assistant_only_loss`` masks), one row at a time, untruncated; each with
@@ -74,7 +74,8 @@ def vision_tokenised(
     from nbtrain.worker.data import load_train
 
     cfg, args = resolved["config"], dict(resolved["train_args"])
-    train, fmt, described = load_train(cfg, resolved["data"], "sft", int(args.get("seed", 42)), limit=rows)
+    seed = int(args.get("seed", 42))
+    train, fmt, described = load_train(cfg, resolved["data"], "sft", seed, limit=rows, preprocess=preprocess)
     collate = DataCollatorForVisionLanguageModeling(
         processor, max_length=None, assistant_only_loss=bool(args.get("assistant_only_loss"))
     )
@@ -104,8 +105,11 @@ def vision_tokenised(
     return out, facts
 
 
-def tokenised(resolved: dict[str, Any], tok: Any, rows: int, out_dir: str) -> tuple[Any, dict[str, Any]]:
-    """The first ``rows`` training examples tokenised by SFTTrainer's own preparation, untruncated.
+def tokenised(
+    resolved: dict[str, Any], tok: Any, rows: int, out_dir: str, preprocess: Any = None
+) -> tuple[Any, dict[str, Any]]:
+    """The first ``rows`` training examples tokenised by SFTTrainer's own preparation, untruncated
+    (``preprocess``: the run's ``hooks: preprocess``, nbtrain.worker.hooks).
 
     Returns (dataset with input_ids and labels, facts about how it was prepared).
     """
@@ -120,7 +124,7 @@ def tokenised(resolved: dict[str, Any], tok: Any, rows: int, out_dir: str) -> tu
     for key in ("bf16", "fp16", "tf32", "deepspeed", "fsdp", "fsdp_config", "torch_compile"):
         args.pop(key, None)
     args["use_cpu"] = True
-    train, fmt, described = load_train(cfg, resolved["data"], "sft", seed, limit=rows)
+    train, fmt, described = load_train(cfg, resolved["data"], "sft", seed, limit=rows, preprocess=preprocess)
     sft_args = SFTConfig(output_dir=out_dir, **args)
     # Untruncated, unpacked and in order: the lengths are the statistics, truncation is shown separately.
     prep_args = replace(sft_args, max_length=None, packing=False, shuffle_dataset=False)
@@ -158,7 +162,9 @@ def tokenised(resolved: dict[str, Any], tok: Any, rows: int, out_dir: str) -> tu
     return ds, facts
 
 
-def preview(resolved: dict[str, Any], n: int = 5, stats_rows: int = 2000) -> dict[str, Any]:
+def preview(
+    resolved: dict[str, Any], n: int = 5, stats_rows: int = 2000, preprocess: Any = None
+) -> dict[str, Any]:
     from nbtrain.worker.model import is_vision, load_tokenizer
 
     cfg = resolved["config"]
@@ -173,9 +179,9 @@ def preview(resolved: dict[str, Any], n: int = 5, stats_rows: int = 2000) -> dic
         stats_rows = min(stats_rows, VISION_STATS_ROWS)
     with tempfile.TemporaryDirectory() as tmp:
         if is_vision(cfg):
-            ds, facts = vision_tokenised(resolved, tok, max(n, stats_rows))
+            ds, facts = vision_tokenised(resolved, tok, max(n, stats_rows), preprocess)
         else:
-            ds, facts = tokenised(resolved, tok, max(n, stats_rows), tmp)
+            ds, facts = tokenised(resolved, tok, max(n, stats_rows), tmp, preprocess)
         max_length = facts["max_length"]
         examples, lengths, trained_total = [], [], 0
         for i, ex in enumerate(ds):
@@ -220,16 +226,19 @@ def preview(resolved: dict[str, Any], n: int = 5, stats_rows: int = 2000) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nbtrain.worker.jobs.preview", description=__doc__)
-    ap.add_argument("resolved", help="a run's resolved.json")
+    ap.add_argument("resolved", help="a run's resolved.json (with its hooks.pkl beside it, if it has hooks:)")
     ap.add_argument("--out", required=True, help="where to write the preview JSON")
     ap.add_argument("-n", type=int, default=5, help="examples to show")
     ap.add_argument("--stats-rows", type=int, default=2000, help="rows measured for the length statistics")
     a = ap.parse_args(argv)
     resolved = json.loads(Path(a.resolved).read_text(encoding="utf-8"))
+    from nbtrain.contract.rundir import RunPaths
+    from nbtrain.worker.hooks import load_run_preprocess
     from nbtrain.worker.lean import hide_unused_packages
 
     hide_unused_packages(resolved)  # as the training process does: the preview starts as fast
-    result = preview(resolved, a.n, a.stats_rows)
+    preprocess = load_run_preprocess(RunPaths(Path(a.resolved).resolve().parent), resolved["config"])
+    result = preview(resolved, a.n, a.stats_rows, preprocess)
     tmp = Path(a.out).with_suffix(".partial")
     tmp.write_text(json.dumps(result), encoding="utf-8")
     tmp.replace(a.out)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, write_status
+from nbtrain.worker import writer
 from nbtrain.worker.control import StopControl
 from nbtrain.worker.model import INITIAL_ADAPTER, is_vision, load_tokenizer, report_trainable
 
@@ -110,26 +111,54 @@ def init_distributed(args: Any, run: RunContext) -> None:
     makes transformers set up torch.distributed (gloo on CPU) from the launcher's environment; DeepSpeed
     on CPU also needs its own ``init_distributed`` before ``from_pretrained`` (it is not done for it)."""
     _ = args.device
+    if run.plan.get("strategy") == "fsdp":
+        # What accelerate's launcher would say: with it (and the training args' CPU-RAM-efficient loading)
+        # from_pretrained reads the weights on rank 0 only; the other ranks hold them on the meta device
+        # until FSDP hands each its shard.
+        os.environ["ACCELERATE_USE_FSDP"] = "true"
     if run.plan.get("deepspeed") is not None and run.plan["device"] == "cpu":
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo")
 
 
-def load_run_data(resolved: dict[str, Any], tok: Any, objective: str | None = None) -> tuple[Any, Any]:
-    """(train, eval) rows of a run exactly as training sees them: every source, the column mapping, the
-    seeded eval split (the same rows on resume, and for ``nbtrain.evaluate``), checked against the
-    tokenizer. ``objective`` overrides the run's (evaluation reads SFT rows)."""
+def shard_on_cpu(trainer: Any, run: RunContext) -> None:
+    """FSDP on CPU ranks. accelerate (1.16, ``AcceleratorState``) turns FSDP on only for accelerator
+    devices: CPU ranks over gloo become ``MULTI_CPU`` and the Trainer wraps the model in DDP, so every rank
+    silently holds the whole model (why an earlier CPU run "did not shard"). torch's FSDP2 itself shards
+    on CPU over gloo, so on CPU the state accelerate built is set to FSDP with the plugin from the training
+    args before the first ``prepare``; on GPUs nothing is changed."""
+    if run.plan["device"] != "cpu" or trainer.is_fsdp_enabled:
+        return
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = trainer.accelerator.state
+    state.fsdp_plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
+    # as accelerate records it on GPUs: every later AcceleratorState() copies the partial state in
+    state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    trainer.is_fsdp_enabled = True
+
+
+def load_run_data(
+    resolved: dict[str, Any], tok: Any, objective: str | None = None, preprocess: Any = None
+) -> tuple[Any, Any]:
+    """(train, eval) rows of a run exactly as training sees them: every source, ``hooks: preprocess``
+    (``preprocess``, from ``nbtrain.worker.hooks``), the column mapping, the seeded eval split (the same
+    rows on resume, and for ``nbtrain.evaluate``), checked against the tokenizer. ``objective`` overrides
+    the run's (evaluation reads SFT rows)."""
     from nbtrain.worker.data import load_for_training
 
     cfg = resolved["config"]
     seed_ = int(resolved["train_args"].get("seed", 42))
-    return load_for_training(cfg, resolved["data"], objective or cfg.get("objective", "sft"), seed_, tok)
+    objective = objective or cfg.get("objective", "sft")
+    return load_for_training(cfg, resolved["data"], objective, seed_, tok, preprocess)
 
 
-def run_callback(run: RunContext) -> Any:
+def run_callback(run: RunContext, notebook_metrics: set[str] | None = None) -> Any:
     """The run-directory callback (metrics.jsonl, system.jsonl, status.json, stop and checkpoint
-    requests); on a probe run with a meter that samples the model-state bytes at each optimizer step."""
+    requests); on a probe run with a meter that samples the model-state bytes at each optimizer step.
+    ``notebook_metrics``: the names ``hooks: compute_metrics`` returns, marked in metrics.jsonl."""
     from nbtrain.worker.callbacks import RunDirCallback
     from nbtrain.worker.measure import ModelStateMeter
 
@@ -140,6 +169,7 @@ def run_callback(run: RunContext) -> Any:
         meter=ModelStateMeter() if run.probe else None,
         save_total_limit=int(limit) if limit is not None else None,
         fail_on_nan=run.cfg.get("on_nan", "fail") == "fail",  # absent from older run directories
+        notebook_metrics=notebook_metrics,
     )
 
 
@@ -167,6 +197,7 @@ def train_and_save(trainer: Any, callback: Any, run: RunContext) -> str:
     summary = dict(callback.summary)
     callback.write_system(state_report(trainer, callback.meter))
     if run.stop.requested:
+        writer.drain()
         if rank0:
             write_status(run.paths, "stopped", step=state.global_step, max_steps=state.max_steps,
                          stop_reason=run.stop.reason, summary=summary)  # fmt: skip
@@ -174,6 +205,7 @@ def train_and_save(trainer: Any, callback: Any, run: RunContext) -> str:
     if trainer.eval_dataset is not None and callback.last_eval_step != state.global_step:
         trainer.evaluate()  # logs eval_loss for the final step through the callback
     save_output(trainer, run.paths)
+    writer.drain()  # the queued step records and statuses first: the final status is the last word
     if rank0:
         write_status(run.paths, "completed", step=state.global_step, max_steps=state.max_steps,
                      summary=summary, output=str(run.paths.output))  # fmt: skip
@@ -189,6 +221,9 @@ def save_output(trainer: Any, paths: RunPaths) -> None:
     partial = paths.root / "output.partial"
     if rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if plugin is not None:  # checkpoints are sharded; the result is one model, gathered to rank 0
+        plugin.set_state_dict_type("FULL_STATE_DICT")
     initial = paths.root / INITIAL_ADAPTER
     if initial.is_dir():  # PiSSA/OLoRA (one process): saved as a plain LoRA that loads on the untouched base
         trainer.model.save_pretrained(str(partial), path_initial_model_for_weight_conversion=str(initial))
@@ -220,29 +255,39 @@ class Recipe:
         self.run = RunContext(paths, resolved, stop)
         self.trainer: Any = None
         self.callback: Any = None
+        self.hooks: Any = None  # the notebook's hooks (nbtrain.worker.hooks.RunHooks), loaded by prepare
 
     def setup(self) -> None:
         raise NotImplementedError
 
     def prepare(self, config_class: Any) -> TrainingInputs | None:
-        """The start of every ``setup()``, in this order: seed (before anything random), the training args
-        (before the model: under ZeRO-3 they make the load partition), the process group, the tokenizer and
-        the run's data. None when a stop was requested meanwhile: the run stops before training."""
+        """The start of every ``setup()``, in this order: the notebook's hooks (a pickle that cannot load
+        fails first), seed (before anything random), the training args (before the model: under ZeRO-3 they
+        make the load partition), the process group, the tokenizer and the run's data. None when a stop was
+        requested meanwhile: the run stops before training."""
+        from nbtrain.worker.hooks import load_run_hooks
+
         run = self.run
+        self.hooks = load_run_hooks(run.paths, run.cfg)
         seed(run)
         args = training_args(config_class, run)
         init_distributed(args, run)
         tok = load_tokenizer(run.cfg)
-        train, evald = load_run_data(run.resolved, tok)
+        train, evald = load_run_data(run.resolved, tok, preprocess=self.hooks.preprocess)
         if run.stop.requested:
             return None  # train() records the stop
         return TrainingInputs(args, tok, train, evald)
 
     def make_trainer(self, trainer_class: Any, model: Any, ready: TrainingInputs, **objective: Any) -> None:
         """The objective's trainer on the model, the args and the rows, with the run-directory callback
-        (``run_callback``); ``objective``: the trainer's own keywords (peft_config, reward_funcs, ...)."""
-        self.callback = run_callback(self.run)
+        (``run_callback``) and the notebook's hooks (its callbacks before the run-directory one, so what
+        they add to the logs is written too); ``objective``: the trainer's own keywords (peft_config,
+        reward_funcs, ...)."""
         from nbtrain.worker.data import is_streaming
+        from nbtrain.worker.hooks import RunHooks
+
+        hooks = self.hooks if self.hooks is not None else RunHooks()
+        self.callback = run_callback(self.run, hooks.metric_keys if hooks.compute_metrics else None)
 
         if not is_streaming(ready.train):  # the trainer tokenises the rows as it is built
             starting_phase(self.run, f"tokenising {len(ready.train):,} rows")
@@ -252,9 +297,12 @@ class Recipe:
             train_dataset=ready.train,
             eval_dataset=ready.eval,
             processing_class=ready.tokenizer,
-            callbacks=[self.callback],
+            callbacks=[*hooks.callbacks, self.callback],
+            **hooks.trainer_kwargs(),
             **objective,
         )
+        if self.run.plan.get("strategy") == "fsdp":
+            shard_on_cpu(self.trainer, self.run)
         if is_vision(self.run.cfg):  # text-only rows mixed in: the collator needs an image row first
             from nbtrain.worker.data import ImageRowsFirst
 

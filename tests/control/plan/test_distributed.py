@@ -182,6 +182,36 @@ def test_dry_run_shows_strategy_and_deepspeed_json(workdir: Path) -> None:
     assert "strategy zero3" in text and "launcher deepspeed" in text and "deepspeed.json:" in text
 
 
-def test_fsdp_is_refused_until_it_is_verified_to_shard(workdir: Path) -> None:
-    with pytest.raises(ConfigError, match="fsdp is not supported yet"):
-        load_config(dist("strategy: fsdp"))
+def test_fsdp_settings_travel_in_the_training_args_and_the_accelerate_config(workdir: Path) -> None:
+    prep = plan_of(dist("strategy: fsdp"))
+    assert (prep.plan.strategy, prep.plan.launcher) == ("fsdp", "torchrun")
+    fsdp = prep.train_args["fsdp_config"]
+    assert fsdp["version"] == 2 and fsdp["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert fsdp["state_dict_type"] == "SHARDED_STATE_DICT" and fsdp["cpu_ram_efficient_loading"] is True
+    assert "strategy fsdp: FSDP2" in prep.summary()
+    acc = accelerate_config(plan_of(dist("strategy: fsdp\nlauncher: accelerate")).plan, workdir)
+    assert acc["distributed_type"] == "FSDP" and acc["fsdp_config"]["fsdp_version"] == 2
+    # accelerate wants it with the RAM-efficient load
+    assert acc["fsdp_config"]["fsdp_sync_module_states"] is True
+
+
+def test_qlora_with_fsdp_and_train_fsdp_keys_are_refused_with_the_way_out(workdir: Path) -> None:
+    with pytest.raises(ConfigError, match="qlora with strategy: fsdp is not offered") as e:
+        load_config(dist("strategy: fsdp", method="qlora"))
+    assert "strategy: ddp" in str(e.value)
+    with pytest.raises(ConfigError, match="strategy: fsdp"):
+        load_config(lora_yaml(extra="  fsdp: full_shard\n"))
+
+
+def test_auto_shards_with_fsdp_when_deepspeed_is_not_installed(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from nbtrain.control.plan import planner
+
+    assert planner.sharding_ladder()[0][-1] == ("zero3", "optimizer+params")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "deepspeed" else real(n, *a))
+    ladder, why = planner.sharding_ladder()
+    assert ladder == [("ddp", "none"), ("fsdp", "none")] and "DeepSpeed is not installed" in why

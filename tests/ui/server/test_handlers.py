@@ -303,9 +303,12 @@ async def test_schema_has_config_keys_with_enum_values(jp_fetch: Fetch) -> None:
 async def test_schema_serves_each_objectives_own_train_keys(jp_fetch: Fetch) -> None:
     got = await get_json(jp_fetch, "schema")
     objectives = got["objectives"]
-    assert set(objectives) == {"sft", "dpo", "orpo", "kto", "grpo"}
+    assert set(objectives) == {"sft", "dpo", "orpo", "kto", "reward", "grpo", "rloo"}
     assert "train.beta" in objectives["dpo"] and "train.beta" not in got["keys"]  # DPOConfig's, not SFT's
     assert "train.num_generations" in objectives["grpo"]
+    rloo_only = "train.normalize_advantages"  # RLOOConfig's, not GRPOConfig's
+    assert rloo_only in objectives["rloo"] and rloo_only not in objectives["grpo"]
+    assert "train.center_rewards_coefficient" in objectives["reward"]
     assert "train.packing" in objectives["sft"] and "train.packing" not in objectives["dpo"]
     assert all("train.output_dir" not in keys for keys in objectives.values())
 
