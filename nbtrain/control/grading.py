@@ -238,8 +238,10 @@ _SHOWN: list[RecordDisplay] = []
 def record(ref: str | Path | Run, *, watch: bool = True) -> None:
     """Save ``ref``'s run record in the notebook (as an output of the current cell); while the run is
     going, the output is updated when it ends (or at once by ``%finetune wait``)."""
-    from nbtrain.control.runs.run import get_run
+    from nbtrain.control.runs.run import ON_WAITED, get_run
 
+    if finalize_records not in ON_WAITED:
+        ON_WAITED.append(finalize_records)  # run.wait() brings the record to the final state at once
     shown = RecordDisplay(get_run(ref))
     shown.show(watch=watch)
     _SHOWN.append(shown)

@@ -32,11 +32,21 @@ def rank() -> int:
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
 
 
-_SELF = psutil.Process()  # one handle: a new one per step re-reads /proc/self/stat for nothing
+_SELF: dict[int, psutil.Process] = {}
+
+
+def _self() -> psutil.Process:
+    """One handle per process (a new one per step re-reads /proc/self/stat for nothing), keyed by pid: a run
+    forked from the warm process must not ask after its parent, which may have exited."""
+    pid = os.getpid()
+    if pid not in _SELF:
+        _SELF.clear()
+        _SELF[pid] = psutil.Process(pid)
+    return _SELF[pid]
 
 
 def memory_sample() -> dict[str, Any]:
-    rec: dict[str, Any] = {"t": time.time(), "rank": rank(), "rss": _SELF.memory_info().rss}
+    rec: dict[str, Any] = {"t": time.time(), "rank": rank(), "rss": _self().memory_info().rss}
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():

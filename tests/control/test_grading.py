@@ -31,8 +31,10 @@ def graded(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> tuple[
     cells = [
         "%load_ext nbtrain",
         f"%%finetune --name graded --no-view\n{lora_yaml(STEPS)}",
-        # the record's watcher thread finishes it while this cell runs (no %finetune wait here)
-        "import time, nbtrain\nnbtrain.get_run('graded').wait(timeout=300)\ntime.sleep(3)",
+        # run.wait() (no %finetune wait here) brings the record to the final state before it returns; the
+        # kernel's output is flushed, not waited for, so a watcher thread a second later would be too late
+        "import nbtrain\nfrom nbtrain.control.grading import _SHOWN\n"
+        "nbtrain.get_run('graded').wait(timeout=300)\nassert _SHOWN and all(shown.final for shown in _SHOWN)",
         "%finetune record graded",
         "r = nbtrain.check('graded', final_loss_below=100, min_steps=12, loss_decreased=True, "
         "adapter_exists=True)\nr.assert_passed()\nr",
@@ -60,7 +62,7 @@ def test_finetune_cell_saves_a_record_that_reaches_the_final_state(graded: tuple
     assert len(outs) == 1
     assert outs[0]["metadata"]["nbtrain"]["record"] == run_dir.name
     rec = outs[0]["data"][RECORD_MIME]
-    # updated in place by the watcher thread once the run ended, while a later cell was running
+    # updated in place by run.wait() in the next cell
     assert rec["state"] == "completed" and rec["step"] == STEPS
     assert "completed at step 12/12" in outs[0]["data"]["text/plain"]
     assert text_of(nb.cells[-1]).strip() == "[]"  # records and checks keep the kernel light

@@ -86,20 +86,25 @@ def test_fsdp_result_is_one_model_that_loads(runs: dict[str, nbtrain.Run]) -> No
 def test_fsdp_stop_and_resume_from_the_sharded_checkpoint_reaches_max_steps(
     runs: dict[str, nbtrain.Run],
 ) -> None:
+    # Longer than the runs above: a 24-step run ends (at ~20 steps/s) before a stop asked at step 4 lands.
+    # That a resume ends like an uninterrupted run is tests/control/test_resume's; here: from FSDP's shards.
+    n = 80
     with runs_in(runs["fsdp"].dir.parent.parent):
-        run = nbtrain.finetune(config(extra=FSDP), name="fsdp-resume")
+        run = nbtrain.finetune(
+            config(extra=FSDP).replace(f"max_steps: {STEPS}", f"max_steps: {n}"), name="fsdp-resume"
+        )
         wait_step(run, 4, timeout=300)
         st = run.stop(timeout=120)
-        assert st.state == "stopped" and 4 <= st.step < STEPS, run.logs(40)
+        assert st.state == "stopped" and 4 <= st.step < n, run.logs(40)
         ckpt = next(run.paths.checkpoints.glob("checkpoint-*"))
         assert any(p.name.startswith("pytorch_model_fsdp") for p in ckpt.iterdir())  # sharded, not gathered
         resumed = run.resume()
         final = resumed.wait(timeout=600)
-    assert final.state == "completed" and final.step == STEPS
+    assert final.state == "completed" and final.step == n
     assert "resuming from" in resumed.logs(400)
-    assert steps_logged(resumed) == list(range(1, STEPS + 1))
-    a = load_file(resumed.output_dir / "adapter_model.safetensors")
-    b = load_file(runs["fsdp"].output_dir / "adapter_model.safetensors")
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
+    assert steps_logged(resumed) == list(range(1, n + 1))
+    losses = resumed.metrics()["loss"].tolist()
+    assert losses[-1] < losses[0]  # it trained on from the shards, not from a fresh adapter
     assert json.loads((resumed.dir / "resolved.json").read_text())["resume"]["step"] == st.step
-    assert [r for r in read_jsonl(resumed.paths.system) if r.get("event") == "train_end"]
+    ends = [r for r in read_jsonl(resumed.paths.system) if r.get("event") == "train_end"]
+    assert ends and all(abs(e["param_numel_local"] / e["param_numel_full"] - 0.5) < 0.05 for e in ends)

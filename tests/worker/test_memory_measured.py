@@ -1,7 +1,8 @@
 """Will it fit? The estimator (nbtrain.control.memory) against what real runs allocate.
 
 CPU: 2-rank probe runs of the tiny model, LoRA and full fine-tune, under DDP and ZeRO-1/2/3 (fp32),
-started together from one notebook. Each rank sums the tensors holding its parameters, gradients, fp32
+started together from one notebook (two_rank_runs in tests/worker/conftest.py, shared with
+test_multiprocess). Each rank sums the tensors holding its parameters, gradients, fp32
 master and optimizer state at the optimizer step (``ModelStateMeter`` in nbtrain/worker/measure.py, which
 only probe runs install); that must match the estimator's model states for the same inputs within 5%.
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +23,15 @@ import nbtrain
 from nbtrain.contract.rundir import read_json, read_jsonl
 from nbtrain.control.memory import DS_REDUCE_BUCKET, Estimate, estimate
 from nbtrain.control.start import probe
-from tests.conftest import lora_yaml
-from tests.notebook import execute, text_of
+from tests.notebook import text_of
+from tests.worker.conftest import STEPS
 
 pytestmark = pytest.mark.slow
 
-STEPS = 3  # the optimizer state exists from the first step on: later steps hold every state at once
 TOLERANCE = 0.05
-RUNS = {f"{method}-{strategy}": (method, strategy) for method in ("lora", "full") for strategy in
-        ("ddp", "zero1", "zero2", "zero3")}  # fmt: skip
-
-
-def probe_run_cell(name: str, body: str) -> str:
-    """A notebook cell that starts ``body`` as a probe run named ``name`` and returns at once: resolved.json
-    says ``"probe": true``, so its ranks sample their model-state bytes at every optimizer step."""
-    return (
-        "from dataclasses import replace\n"
-        "from nbtrain.control.start import prepare, start\n"
-        f"start(replace(prepare({body!r}, name={name!r}), probe=True));"
-    )
+# this test's name -> the shared run's name
+RUNS = {f"{method}-{strategy}": strategy if method == "lora" else f"full-{strategy}"
+        for method in ("lora", "full") for strategy in ("ddp", "zero1", "zero2", "zero3")}  # fmt: skip
 
 
 def train_end(run: nbtrain.Run) -> list[dict[str, Any]]:
@@ -80,16 +70,10 @@ def expected_parts(est: Estimate) -> dict[str, float]:
     }
 
 
-def test_model_states_each_rank_allocates_match_the_estimate(workdir: Path) -> None:
-    cells = ["%load_ext nbtrain"]
-    for name, (method, strategy) in RUNS.items():
-        body = lora_yaml(STEPS, method=method) + f"distributed:\n  strategy: {strategy}\n"
-        cells.append(probe_run_cell(name, body))
-    cells += [f"%finetune wait {n}" for n in RUNS]
-    t0 = time.monotonic()
-    nb = execute(cells, workdir, timeout=1200)
-    print(f"\n{len(RUNS)} two-rank runs in {time.monotonic() - t0:.0f} s")
-    model_config = json.loads((workdir / "tiny-llama" / "config.json").read_text())
+def test_model_states_each_rank_allocates_match_the_estimate(two_rank_runs: dict[str, Any]) -> None:
+    runs: dict[str, nbtrain.Run] = {name: two_rank_runs["runs"][shared] for name, shared in RUNS.items()}
+    nb = two_rank_runs["notebook"]
+    model_config = json.loads((two_rank_runs["work"] / "tiny-llama" / "config.json").read_text())
 
     rows: list[str] = []
     failures: list[str] = []
@@ -100,8 +84,7 @@ def test_model_states_each_rank_allocates_match_the_estimate(workdir: Path) -> N
         if abs(err) > TOLERANCE:
             failures.append(rows[-1])
 
-    for name in RUNS:
-        run = nbtrain.get_run(name)
+    for name, run in runs.items():
         assert run.status().state == "completed", (name, run.logs(40), text_of(nb.cells[-1]))
         ends = train_end(run)
         assert [e["rank"] for e in ends] == [0, 1], name
@@ -134,9 +117,7 @@ def test_model_states_each_rank_allocates_match_the_estimate(workdir: Path) -> N
     assert not failures, "measured and estimated differ by more than 5%:\n" + "\n".join(failures)
 
     # What ZeRO is for, as measured: a full fine-tune's states per rank shrink stage by stage.
-    full = {
-        s: train_end(nbtrain.get_run(f"full-{s}"))[0]["model_state_bytes"] for s in ("ddp", "zero2", "zero3")
-    }
+    full = {s: train_end(runs[f"full-{s}"])[0]["model_state_bytes"] for s in ("ddp", "zero2", "zero3")}
     assert full["zero3"] < full["zero2"] < full["ddp"], full
 
 

@@ -1,7 +1,9 @@
-"""Real multi-process runs on CPU (2 ranks over gloo) of the tiny model, started from %%finetune cells.
+"""Real multi-process runs on CPU (2 ranks over gloo) of the tiny model, started from notebook cells
+(%%finetune, and nbtrain.control.start for the probe runs that test_memory_measured also reads: the
+shared two_rank_runs of tests/worker/conftest.py).
 
-The runs of one batch start at the same moment from one notebook, which also shows that concurrent
-runs get distinct rendezvous ports and do not interfere.
+The runs start at the same moment from one notebook, which also shows that concurrent runs get distinct
+rendezvous ports and do not interfere.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,29 +21,10 @@ import nbtrain
 from nbtrain.contract.rundir import read_jsonl
 from nbtrain.control import process as launch
 from tests.conftest import lora_yaml
-from tests.notebook import execute, text_of
+from tests.notebook import text_of
+from tests.worker.conftest import STEPS
 
 pytestmark = pytest.mark.slow
-
-STEPS = 6
-
-
-def cell(name: str, extra: str, method: str = "lora") -> str:
-    body = lora_yaml(STEPS, method=method).replace("3.0e-3", "1.0e-3")
-    return f"%%finetune --name {name} --no-view\n{body}distributed:\n{extra}"
-
-
-RUNS = {
-    "ddp": ("  strategy: ddp\n", "lora"),
-    "zero1": ("  strategy: zero1\n", "lora"),
-    "zero2": ("  strategy: zero2\n", "lora"),
-    "zero3": ("  strategy: zero3\n", "lora"),
-    "zero3-offload": ("  strategy: zero3\n  offload: optimizer\n", "lora"),
-    "qlora-ddp": ("  strategy: ddp\n", "qlora"),
-    "full-zero3": ("  strategy: zero3\n", "full"),
-    "zero2-accelerate": ("  strategy: zero2\n  launcher: accelerate\n", "lora"),
-    "two-nodes": ("  strategy: ddp\n  num_processes: 1\n  nodes: 2\n  hostfile: hosts.txt\n", "lora"),
-}
 
 
 def train_end(run: nbtrain.Run) -> list[dict]:
@@ -53,14 +37,9 @@ def adapter(run: nbtrain.Run) -> dict[str, torch.Tensor]:
     return load_file(run.output_dir / "adapter_model.safetensors")
 
 
-def test_every_strategy_completes_from_a_cell_with_ranks_in_agreement(workdir: Path) -> None:
-    (workdir / "hosts.txt").write_text("localhost slots=1\n127.0.0.1 slots=1\n")
-    cells = ["%load_ext nbtrain"] + [cell(n, extra, m) for n, (extra, m) in RUNS.items()]
-    cells += [f"%finetune wait {n}" for n in RUNS]
-    t0 = time.monotonic()
-    nb = execute(cells, workdir, timeout=900)
-    print(f"{len(RUNS)} runs in {time.monotonic() - t0:.0f} s")
-    runs = {n: nbtrain.get_run(n) for n in RUNS}
+def test_every_strategy_completes_from_a_cell_with_ranks_in_agreement(two_rank_runs: dict[str, Any]) -> None:
+    runs: dict[str, nbtrain.Run] = two_rank_runs["runs"]
+    nb = two_rank_runs["notebook"]
     for name, run in runs.items():
         assert run.status().state == "completed", (name, run.logs(40), text_of(nb.cells[-1]))
         ends = train_end(run)

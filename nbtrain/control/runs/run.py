@@ -51,6 +51,12 @@ LOST_MESSAGE = (
 )
 
 
+# What shows a run's state in the notebook besides the caller (the run records of control/grading): brought
+# to the final state when wait() returns, so a notebook saved right after ``run.wait()`` holds it, not the
+# state a watcher thread would have written a second later.
+ON_WAITED: list[Callable[[Run], object]] = []
+
+
 @dataclass
 class RunStatus:
     state: str
@@ -300,6 +306,8 @@ class Run:
     def wait(self, timeout: float | None = None, *, poll: float = 0.5, check: bool = True) -> RunStatus:
         """Block until the run ends. With ``check`` (default) a failed run raises RunFailed."""
         st = follow(self.status, timeout=timeout, interval=poll, what=f"run {self.id}")
+        for shown in ON_WAITED:
+            shown(self)
         if check and st.state == "failed":
             raise RunFailed(self.failure_report(st))
         return st

@@ -62,8 +62,8 @@ near_valid = st.fixed_dictionaries(
               )},
 )  # fmt: skip
 
-# 400 examples a test in the suite (under a minute in all); NBTRAIN_FUZZ_EXAMPLES for a longer hunt.
-EXAMPLES = int(os.environ.get("NBTRAIN_FUZZ_EXAMPLES", "400"))
+# 250 examples a test in the suite (~20 s in all); NBTRAIN_FUZZ_EXAMPLES for a longer hunt.
+EXAMPLES = int(os.environ.get("NBTRAIN_FUZZ_EXAMPLES", "250"))
 FUZZ = settings(
     max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
