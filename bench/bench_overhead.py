@@ -168,6 +168,10 @@ def main() -> int:
         work = Path(tmp)
         os.environ["NBTRAIN_HOME"] = str(work / "home")
         os.environ["NBTRAIN_RUNS_DIR"] = str(work / "runs")
+        # Cold, like the bare script: the first cold start also starts a warm process, and the runs after
+        # it were forked warm (a first step of ~0.8 s against the script's ~6 s). Warm starts are measured
+        # side by side in bench_llamafactory and bench_msswift.
+        os.environ["NBTRAIN_WARM"] = "0"
         os.chdir(work)
         write_dataset(work / "data.jsonl", n=400)
         models = {
