@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "llamafactory.json"
 
-from bench.peers import Peer, rotated, run_nbtrain_as, run_peer, start_warm  # noqa: E402
+from bench.peers import Peer, lora_job, rotated, run_nbtrain_as, run_peer, start_warm  # noqa: E402
 
 LLAMAFACTORY = Peer(
     "llamafactory", "LLaMA-Factory", "llamafactory-cli", "llamafactory.train.tuner",
@@ -194,7 +194,6 @@ def main() -> int:
 
     import importlib.metadata as md
 
-    import nbtrain
     from bench.bench_overhead import run_bare
     from nbtrain.examples import make_tiny_model, write_dataset
 
@@ -210,24 +209,8 @@ def main() -> int:
         builders: dict[str, dict[str, int]] = {"tiny": {}, "40M": {"hidden_size": 512, "num_layers": 12}}
         for label in args.models.split(","):
             model = make_tiny_model(work / f"model-{label}", **builders[label])
-            config = textwrap.dedent(
-                f"""
-                model: {model}
-                method: lora
-                data: {{train: {data}}}
-                train: {{max_steps: {args.steps}, per_device_train_batch_size: 8, learning_rate: 1.0e-3,
-                         save_strategy: "no", logging_steps: 1}}
-                """
-            )
-            prep = nbtrain.prepare(config)
             resolved = work / f"resolved-{label}.json"
-            resolved.write_text(json.dumps(prep.to_dict()))
-            est_inputs = prep.plan.estimate["inputs"] if prep.plan.estimate else {}
-            cfg = {
-                "lora": prep.to_dict()["config"]["lora"], "train_args": prep.train_args,
-                "targets": est_inputs.get("lora_targets") or ["q_proj", "v_proj"],
-                "max_length": prep.train_args.get("max_length", 1024),
-            }  # fmt: skip
+            config, cfg = lora_job(model, data, args.steps, resolved)
             lf = lf_files(work, model, data, label, args.steps, cfg)
             samples: dict[str, list[dict[str, float]]] = {s: [] for s in SYSTEMS}
             for i in range(args.repeats):

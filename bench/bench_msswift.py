@@ -36,7 +36,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_llamafactory import LLAMAFACTORY, lf_files, run_llamafactory  # noqa: E402
-from bench.peers import Peer, rotated, run_nbtrain_as, run_peer, start_warm  # noqa: E402
+from bench.peers import Peer, lora_job, rotated, run_nbtrain_as, run_peer, start_warm  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "msswift.json"
 MSSWIFT = Peer("msswift", "ms-swift", "swift", "swift.cli.sft",
@@ -153,7 +152,6 @@ def main() -> int:
 
     import importlib.metadata as md
 
-    import nbtrain
     from bench.bench_overhead import run_bare
     from nbtrain.examples import make_tiny_model, write_dataset
 
@@ -167,24 +165,8 @@ def main() -> int:
         res["warm_process"] = start_warm()
         data = write_dataset(work / "data.jsonl", n=400)
         model = make_tiny_model(work / "model-tiny")
-        config = textwrap.dedent(
-            f"""
-            model: {model}
-            method: lora
-            data: {{train: {data}}}
-            train: {{max_steps: {args.steps}, per_device_train_batch_size: 8, learning_rate: 1.0e-3,
-                     save_strategy: "no", logging_steps: 1}}
-            """
-        )
-        prep = nbtrain.prepare(config)
         resolved = work / "resolved.json"
-        resolved.write_text(json.dumps(prep.to_dict()))
-        est_inputs = prep.plan.estimate["inputs"] if prep.plan.estimate else {}
-        cfg = {
-            "lora": prep.to_dict()["config"]["lora"], "train_args": prep.train_args,
-            "targets": est_inputs.get("lora_targets") or ["q_proj", "v_proj"],
-            "max_length": prep.train_args.get("max_length", 1024),
-        }  # fmt: skip
+        config, cfg = lora_job(model, data, args.steps, resolved)
         lf = lf_files(work, model, data, "tiny", args.steps, cfg)
         sw = work / "msswift"
         sw.mkdir()

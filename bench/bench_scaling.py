@@ -25,13 +25,15 @@ import platform
 import statistics
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.peers import lora_config  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "scaling.json"
 # label -> (strategy, ranks, OMP_NUM_THREADS for the worker or None for torch's default). "1 rank, 1 thread"
 # is there to tell the cost of a second rank from the cost of two threads fighting in one rank.
@@ -82,15 +84,8 @@ def main() -> int:
         for i in range(args.repeats):
             for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
                 strategy, n, threads = CONFIGS[label]
-                config = textwrap.dedent(
-                    f"""
-                    model: {model}
-                    method: lora
-                    data: {{train: {data}}}
-                    train: {{max_steps: {args.steps}, per_device_train_batch_size: 8, learning_rate: 1.0e-3,
-                             save_strategy: "no", logging_steps: 1}}
-                    distributed: {{strategy: {strategy}, num_processes: {n}}}
-                    """
+                config = lora_config(
+                    model, data, args.steps, f"distributed: {{strategy: {strategy}, num_processes: {n}}}\n"
                 )
                 os.environ.pop("OMP_NUM_THREADS", None)
                 if threads is not None:  # the detached worker inherits this process's environment

@@ -15,6 +15,8 @@ comparisons share.
 - ``run_nbtrain_as``: nbtrain cold (``NBTRAIN_WARM=0``: a new Python process imports the stack) or warm
   (forked by the warm process, ``start_warm``), checked from the run's log.
 - ``rotated``: the order of the systems in repeat i (each one first in turn).
+- ``lora_job``: the job every system runs (the tiny-model LoRA config), resolved by nbtrain: its
+  resolved.json (the bare TRL script's input) and the settings the peers' own configs are written from.
 """
 
 from __future__ import annotations
@@ -256,3 +258,35 @@ def rotated(systems: Sequence[str], i: int) -> list[str]:
     or caches warmed by the one before do not always favour the same one."""
     k = i % len(systems)
     return [*systems[k:], *systems[:k]]
+
+
+def lora_config(model: Path, data: Path, steps: int, extra: str = "") -> str:
+    """The benchmarks' LoRA job: batch 8, lr 1e-3, no checkpoints, a loss logged at every step."""
+    return (
+        textwrap.dedent(
+            f"""
+        model: {model}
+        method: lora
+        data: {{train: {data}}}
+        train: {{max_steps: {steps}, per_device_train_batch_size: 8, learning_rate: 1.0e-3,
+                 save_strategy: "no", logging_steps: 1}}
+        """
+        )
+        + extra
+    )
+
+
+def lora_job(model: Path, data: Path, steps: int, resolved: Path) -> tuple[str, dict[str, Any]]:
+    """(nbtrain's config, the settings a peer's config is written from); nbtrain's resolved job is
+    written to ``resolved`` for the bare TRL script."""
+    import nbtrain
+
+    config = lora_config(model, data, steps)
+    prep = nbtrain.prepare(config)
+    resolved.write_text(json.dumps(prep.to_dict()))
+    est_inputs = prep.plan.estimate["inputs"] if prep.plan.estimate else {}
+    return config, {
+        "lora": prep.to_dict()["config"]["lora"], "train_args": prep.train_args,
+        "targets": est_inputs.get("lora_targets") or ["q_proj", "v_proj"],
+        "max_length": prep.train_args.get("max_length", 1024),
+    }  # fmt: skip
