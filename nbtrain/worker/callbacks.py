@@ -231,6 +231,9 @@ class RunDirCallback(TrainerCallback):
         ckpt = self.paths.checkpoints / f"checkpoint-{state.global_step}"
         if not (self.is_rank0 and ckpt.is_dir()):
             return
+        # The metrics up to this step on disk first: a resume from this checkpoint logs from the next step
+        # on, so a row still queued when the run is killed would be a step missing for good.
+        writer.drain()
         mark_complete(ckpt)
         if self.save_total_limit is not None:
             best = state.best_model_checkpoint
