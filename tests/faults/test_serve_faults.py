@@ -273,17 +273,21 @@ def test_a_client_that_leaves_stops_its_generation_and_the_next_client_is_served
     server: ServerHandle,
 ) -> None:
     # How long the whole answer takes here (a quiet machine makes it in well under a second), so the
-    # client leaves a third of the way into it, not after it.
+    # client leaves part of the way into it, not after it. Under load one answer can take less time than
+    # the one measured: then the client leaves sooner on the next try (at most three).
     t = time.monotonic()
     status, out, _ = call(server, "/completions", json.loads(long_body()))
     whole = time.monotonic() - t
     assert status == 200 and out["usage"]["completion_tokens"] == LONG, out
-    since = log_size(server)
-    with socket.create_connection(address(server), timeout=10) as s:
-        s.sendall(post_head(server, str(len(long_body()))).encode() + long_body())
-        time.sleep(whole / 3)  # generating
-    assert_answers(server, within=5)
-    stopped = went_away(server, since)
+    for part in (3, 8, 20):
+        since = log_size(server)
+        with socket.create_connection(address(server), timeout=10) as s:
+            s.sendall(post_head(server, str(len(long_body()))).encode() + long_body())
+            time.sleep(whole / part)  # generating
+        assert_answers(server, within=5)
+        stopped = went_away(server, since, wait=5)
+        if stopped:
+            break
     log = (server.run_dir / "logs" / "serve.log").read_bytes()[since:].decode(errors="replace")
     assert len(stopped) == 1, log[-3000:]  # what the server said instead, should it ever differ
     [(generated, asked)] = stopped
