@@ -7,17 +7,30 @@ setup() seeds, builds the SFTConfig from ``train:``, joins the process group, lo
 model (with a freshly initialised LoRA adapter for lora/qlora) as resolved.json says, and builds the
 trainer; train() runs it with the run-directory callback, resuming from the checkpoint resolved.json
 names, and saves the result to RUN_DIR/output (complete or absent); cleanup() closes the metric files.
+
+The trainer is SFTTrainer with one change, measured (bench/bench_llamafactory.py): when a batch's full
+logits are small (``LOGITS_BYTES``), the loss is the model's own (the Trainer's compute_loss) and the
+entropy / token-accuracy metrics come from those logits, instead of TRL's chunked LM-head kernel, which
+on a CPU scores every position through a custom autograd function and costs ~3 ms a step more on the
+tiny model (12 vs 9 ms). Big-vocabulary batches (the kernel's reason to exist: it never builds the
+logits) and everything TRL's own path handles specially (a notebook loss, label smoothing, DFT,
+MoE aux loss, sequence/context parallelism) keep TRL's path.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from nbtrain.worker.model import load_model, loraplus_optimizer, save_initial_adapter
 from nbtrain.worker.recipes.common import Recipe
+
+LOGITS_BYTES = 64 * 2**20  # a batch's float32 logits up to this size are built whole
 
 
 class SFTRecipe(Recipe):
     def setup(self) -> None:
-        from trl import SFTConfig, SFTTrainer
+        from trl import SFTConfig
 
         run = self.run
         ready = self.prepare(SFTConfig)
@@ -27,5 +40,75 @@ class SFTRecipe(Recipe):
         save_initial_adapter(model, run.cfg, run.paths.root)  # PiSSA/OLoRA: kept to convert the result
         optimizer = loraplus_optimizer(model, run.cfg, ready.args)
         self.make_trainer(
-            SFTTrainer, model, ready, **({"optimizers": (optimizer, None)} if optimizer else {})
+            sft_trainer(), model, ready, **({"optimizers": (optimizer, None)} if optimizer else {})
         )
+
+
+@functools.cache
+def sft_trainer() -> type:
+    """SFTTrainer whose compute_loss takes the model's own loss when the logits are small (module doc)."""
+    import torch
+    from transformers import Trainer
+    from trl import SFTTrainer
+
+    class LeanSFTTrainer(SFTTrainer):
+        def _plain_loss(self, inputs: dict[str, Any]) -> bool:
+            pc = getattr(self.accelerator, "parallelism_config", None)
+            args: Any = self.args
+            model: Any = self.model
+            ids = inputs.get("input_ids")
+            if (
+                self.compute_loss_func is not None
+                or self.label_smoother is not None
+                or args.loss_type != "nll"
+                or self.aux_loss_enabled
+                or (pc is not None and (pc.sp_enabled or pc.cp_enabled))
+                or "shift_labels" in inputs
+                or "labels" not in inputs
+                or ids is None
+            ):
+                return False
+            vocab = model.config.get_text_config().vocab_size  # (ZeRO-3 weights are empty here)
+            return ids.numel() * vocab * 4 <= LOGITS_BYTES
+
+        def compute_loss(
+            self,
+            model: Any,
+            inputs: dict[str, Any],
+            return_outputs: bool = False,
+            num_items_in_batch: Any = None,
+        ) -> Any:
+            if not self._plain_loss(inputs):
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            mode = "train" if getattr(self.model, "training", False) else "eval"
+            inputs["use_cache"] = False
+            loss, outputs = Trainer.compute_loss(
+                self, model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
+            )
+            with torch.no_grad():  # TRL's metrics, from the logits the loss already built
+                labels = inputs["labels"][:, 1:]
+                logits = outputs.logits[:, :-1]
+                mask = labels != -100
+                log_p = torch.log_softmax(logits.float(), dim=-1)
+                entropy = -(log_p.exp() * log_p).sum(-1)
+                sums = torch.stack(
+                    [
+                        mask.sum(),
+                        (entropy * mask).sum(),
+                        ((logits.argmax(-1) == labels) & mask).sum(),
+                        inputs["attention_mask"].sum()
+                        if "attention_mask" in inputs
+                        else torch.tensor(inputs["input_ids"].size(1), device=mask.device),
+                    ]
+                ).double()
+                if self.accelerator.num_processes > 1:  # one collective for the four numbers
+                    sums = self.accelerator.gather(sums[None]).sum(0)
+                valid, entropy_sum, correct, tokens = sums.tolist()
+            self._metrics[mode]["entropy"].append(entropy_sum / valid if valid else 0.0)
+            self._metrics[mode]["mean_token_accuracy"].append(correct / valid if valid else 0.0)
+            if mode == "train":
+                self._total_train_tokens += int(tokens) // self._tp_size
+            self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+            return (loss, outputs) if return_outputs else loss
+
+    return LeanSFTTrainer

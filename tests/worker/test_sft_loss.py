@@ -1,0 +1,77 @@
+"""nbtrain's SFT trainer takes the model's own loss when the logits are small (faster on a CPU than
+TRL's chunked LM head) and must give the same loss, gradients and metrics as TRL's path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def trainer(cls: type, tiny_model: Path, tmp_path: Path) -> Any:
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig
+
+    from nbtrain.examples import dataset_rows
+
+    torch.manual_seed(0)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=4, task_type="CAUSAL_LM")
+    )
+    rows = Dataset.from_list(dataset_rows(n=16))
+    args = SFTConfig(
+        output_dir=str(tmp_path / cls.__name__),
+        use_cpu=True,
+        report_to="none",
+        max_steps=1,
+        gradient_accumulation_steps=2,  # the Trainer's loss scaling for accumulation is part of the step
+    )
+    return cls(
+        model=model, args=args, train_dataset=rows, processing_class=AutoTokenizer.from_pretrained(tiny_model)
+    )
+
+
+def step(tr: Any) -> tuple[float, dict[str, float], list[Any]]:
+    """Loss, metrics and LoRA gradients of one batch of 8 through tr.training_step (as the Trainer runs it:
+    forward, scaling for gradient accumulation, backward)."""
+    tr.model.train()
+    batch = tr._prepare_inputs(next(iter(tr.get_train_dataloader())))
+    n = int((batch["labels"][:, 1:] != -100).sum())
+    loss = tr.training_step(tr.model, batch, num_items_in_batch=torch.tensor(2 * n))
+    grads = [p.grad.clone() for p in tr.model.parameters() if p.requires_grad]
+    return float(loss.detach()), {k: v[-1] for k, v in tr._metrics["train"].items()}, grads
+
+
+def test_plain_loss_path_matches_trl_loss_gradients_and_metrics(tiny_model: Path, tmp_path: Path) -> None:
+    from trl import SFTTrainer
+
+    from nbtrain.worker.recipes.sft import sft_trainer
+
+    lean = trainer(sft_trainer(), tiny_model, tmp_path)
+    assert lean._plain_loss(next(iter(lean.get_train_dataloader())))
+    ours, trls = step(lean), step(trainer(SFTTrainer, tiny_model, tmp_path))
+    assert ours[0] == pytest.approx(trls[0], rel=1e-5)
+    assert ours[1] == pytest.approx(trls[1], rel=1e-4)
+    assert set(ours[1]) == {"entropy", "mean_token_accuracy", "num_tokens"}
+    for a, b in zip(ours[2], trls[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_big_logits_keep_trls_chunked_head(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbtrain.worker.recipes import sft
+
+    lean = trainer(sft.sft_trainer(), tiny_model, tmp_path)
+    batch = next(iter(lean.get_train_dataloader()))
+    monkeypatch.setattr(
+        sft, "LOGITS_BYTES", batch["input_ids"].numel() * lean.model.config.vocab_size * 4 - 1
+    )
+    assert not lean._plain_loss(batch)
+    loss, metrics, _ = step(lean)  # TRL's own path still trains and logs
+    assert loss > 0 and 0 <= metrics["mean_token_accuracy"] <= 1
