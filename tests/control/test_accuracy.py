@@ -19,7 +19,8 @@ HELD_OUT = held_out_addition(16)
 
 @pytest.fixture(scope="module")
 def adder_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One LoRA run of the labs' kind: the shipped pretrained model, the addition data."""
+    """One LoRA run of the labs' kind, with their CPU settings: the shipped pretrained model, the addition
+    data."""
     work = tmp_path_factory.mktemp("adder")
     with runs_in(work):
         model = nbtrain.example_model(work / "tiny-adder")
@@ -30,7 +31,8 @@ model: {model}
 method: lora
 data: {{train: {data}}}
 lora: {{r: 8, alpha: 16, target_modules: all-linear}}
-train: {{max_steps: 200, learning_rate: 1.0e-2, per_device_train_batch_size: 8, logging_steps: 20}}
+train: {{max_steps: 300, learning_rate: 5.0e-3, warmup_steps: 20, per_device_train_batch_size: 16,
+        logging_steps: 20}}
 """,
             name="adder",
         )
