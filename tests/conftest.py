@@ -47,42 +47,6 @@ def warm_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ[k] = v
 
 
-@pytest.fixture(scope="session", autouse=True)
-def async_io_prebuilt(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    """When the session runs the NVMe offload test, DeepSpeed's async_io op (a C++ build of ~3 minutes
-    on 2 cores, the first time in a new environment) is built from the start, at the lowest CPU
-    priority, in the CPU the other tests leave idle; the test's run then finds it built (or waits on
-    torch's build lock).
-    The build is waited for at the end, never killed: a killed build leaves torch's lock file, and every
-    later build would wait on it."""
-    import subprocess
-
-    from nbtrain.control.config.schema import async_io_problem
-
-    if not any("test_nvme_offload" in item.nodeid for item in request.session.items):
-        yield
-        return
-    if async_io_problem(tuple(sys.path)) is not None:  # the test skips, saying why
-        yield
-        return
-    log = tmp_path_factory.mktemp("async_io") / "build.log"
-    code = "from deepspeed.ops.op_builder import AsyncIOBuilder; AsyncIOBuilder().load(verbose=False)"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    # Lowest priority for it and the compilers it starts (they inherit it), and for its session's
-    # autogroup: with sched_autogroup on, each session (this build's, every run's) shares the CPU as a
-    # group, whatever its processes' nice values; without this the build took half of it from the runs.
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, proc.pid, 19)
-        Path(f"/proc/{proc.pid}/autogroup").write_text("19")
-    yield
-    proc.wait(timeout=900)
-
-
 @contextlib.contextmanager
 def runs_in(work: Path) -> Iterator[Path]:
     """``work`` as a notebook's directory with its own NBTRAIN_HOME and runs folder, for a module's shared
