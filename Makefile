@@ -2,18 +2,19 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# Re-install when the dependency list changes.
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# Re-install when the dependency list or the tested versions change.
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 # DeepSpeed compiles C++ ops on first use (60-120 s each); one cache per machine that tests and CI reuse.
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/nbtrain/torch_extensions
 
 .PHONY: install demo test lint typecheck pytest bench faults clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned in the same command (STACK-NOTES): an unpinned torch pulls a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0 -e '.[dev,browser]'
+	# constraints.txt: the versions of everything else that make test passed with.
+	$(PY) -m pip install -q torch==2.13.0 -c constraints.txt -e '.[dev,browser]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
