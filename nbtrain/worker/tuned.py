@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, latest_complete_checkpoint, read_json
+from nbtrain.worker.gguf import use_converted
 
 DTYPES = {
     "float32": "float32",
@@ -72,7 +73,7 @@ def load_tuned(
     from nbtrain.worker.model import auto_class, compute_dtype, quantization_config
 
     paths = RunPaths(Path(run_dir).resolve())
-    resolved = read_json(paths.resolved)
+    resolved = use_converted(read_json(paths.resolved))
     cfg: dict[str, Any] = resolved["config"]
     plan: dict[str, Any] = resolved.get("plan") or {"precision": "fp32", "device": "cpu"}
     method = cfg["method"]
@@ -150,7 +151,7 @@ def load_processor(run_dir: str | Path, *, base: bool = False) -> Any:
     from nbtrain.worker.model import is_vision
 
     paths = RunPaths(Path(run_dir).resolve())
-    cfg: dict[str, Any] = read_json(paths.resolved)["config"]
+    cfg: dict[str, Any] = use_converted(read_json(paths.resolved))["config"]
     if not is_vision(cfg):
         return None
     weights = None if base else trained_weights_dir(paths.root)

@@ -35,6 +35,7 @@ from pydantic import (
 from nbtrain.contract.adapters import converts_init
 from nbtrain.contract.errors import ConfigError, Problem
 from nbtrain.contract.formats import CANONICAL_COLUMNS, FORMATS, SFT_FORMATS
+from nbtrain.contract.gguf import is_gguf
 from nbtrain.contract.objectives import OBJECTIVES, UNAVAILABLE, rewards_objectives
 from nbtrain.control import tracking
 from nbtrain.control.config import rewardmodels, trainargs
@@ -289,6 +290,8 @@ class RewardModelRef(_Strict):
 class RunConfig(_Strict):
     model: str = Field(min_length=1)
     revision: str | None = Field(None, min_length=1)  # a Hub model's branch, tag or commit (default: main)
+    # which .gguf file of a Hub repo (or of a folder holding several) model: means; nbtrain converts it
+    gguf_file: str | None = Field(None, min_length=1, pattern=r"(?i)^[^/\\]+\.gguf$")
     method: Literal["auto", Method] = "lora"
     # objective: what the training optimises; method: (above) which weights train. Orthogonal.
     objective: ObjectiveName = "sft"
@@ -365,7 +368,7 @@ class Resolved:
 
     config: RunConfig
     text: str  # the config as the user wrote it (YAML)
-    model_kind: str  # "local" | "hub"
+    model_kind: str  # "local" | "hub" | "gguf" (a local .gguf file, converted by the worker)
     train_data: DataSource
     eval_data: DataSource | None
     notes: list[str] = field(default_factory=list)
@@ -724,7 +727,8 @@ def bitsandbytes_problem(sys_path: tuple[str, ...]) -> str | None:
     return None
 
 
-def _check_model(spec: str, base: Path, probs: _Problems) -> str:
+def _check_model(spec: str, base: Path, probs: _Problems, gguf_file: Any = None) -> str:
+    gguf_name = gguf_file if isinstance(gguf_file, str) else None
     if not spec.startswith((".", "/", "~")) and ".." in re.split(r"[/\\]", spec):
         # Qwen/Qwen2.5-0.5B/../../../other reads as a Hub id (and passes a preset's 'Qwen/*') but is a
         # path to a folder elsewhere on this machine.
@@ -737,28 +741,53 @@ def _check_model(spec: str, base: Path, probs: _Problems) -> str:
     path = Path(spec).expanduser()
     if not path.is_absolute():
         path = (base / path).resolve()
+    if path.exists():
+        kind = _check_gguf(path, gguf_name, probs)
+        if kind is not None:
+            return kind
     if path.is_dir():
         if not (path / "config.json").exists():
             probs.add(
                 ("model",),
                 f"{path} is not a model directory (no config.json); point model: at "
-                f"a directory saved with save_pretrained(), or give a hub id",
+                f"a directory saved with save_pretrained() or a .gguf file, or give a hub id",
             )
         return "local"
     looks_like_path = spec.startswith((".", "/", "~")) or "\\" in spec or spec.count("/") > 1
     if path.exists():
         probs.add(
-            ("model",), f"{path} is a file; model: takes a directory saved with save_pretrained() or a hub id"
+            ("model",),
+            f"{path} is a file; model: takes a directory saved with save_pretrained(), a .gguf file or a "
+            f"hub id",
         )
-    elif looks_like_path or not _HUB_MODEL.match(spec):
+    elif looks_like_path or not _HUB_MODEL.match(spec) or is_gguf(spec):
         try:
-            names = [p.name for p in path.parent.iterdir() if p.is_dir()]
+            names = [p.name for p in path.parent.iterdir() if p.is_dir() or is_gguf(p.name)]
         except OSError:
             names = []
         close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
         hint = f"; did you mean '{path.parent / close[0]}'?" if close else ""
         probs.add(("model",), f"model path not found: {path}{hint}")
     return "hub"
+
+
+def _check_gguf(path: Path, gguf_file: str | None, probs: _Problems) -> str | None:
+    """``model:`` as a .gguf file, or a folder holding one: its header read (not dequantised), a file
+    that is not GGUF, damaged, or of an architecture transformers cannot load refused. None when ``path``
+    is no GGUF model."""
+    from nbtrain.control import gguf  # the gguf reader (numpy) only when a .gguf is in play
+
+    try:
+        found = gguf.find(path, gguf_file)
+        if found is None:
+            if gguf_file is not None:
+                probs.add(("gguf_file",), f"gguf_file: {gguf_file} is for a Hub repo or a folder of .gguf "
+                          f"files; {path} is a model folder with its own config.json")  # fmt: skip
+            return None
+        gguf.read(found)
+    except gguf.GgufProblem as e:
+        probs.add(("model",), str(e))
+    return "gguf"
 
 
 def _check_train(train: dict[str, Any], precision: Any, probs: _Problems, objective: str = "sft") -> None:
@@ -1402,7 +1431,11 @@ def load_config(
     # The checks below look at the world. They run on whatever parts parsed, so one pass reports
     # every problem it can, not only the schema's.
     model = raw.get("model")
-    model_kind = _check_model(model, base, probs) if isinstance(model, str) and model else "local"
+    model_kind = (
+        _check_model(model, base, probs, raw.get("gguf_file"))
+        if isinstance(model, str) and model
+        else "local"
+    )
     objective = raw.get("objective", "sft")
     if isinstance(objective, str) and objective in UNAVAILABLE:
         probs.add(("objective",), unavailable_objective(objective))
@@ -1462,6 +1495,11 @@ def load_config(
         updates["quantization"] = QuantSettings.model_validate({})
     if model_kind == "local":
         updates["model"] = str((base / Path(cfg.model).expanduser()).resolve())
+    elif model_kind == "gguf":  # the file itself (a folder holding one names it)
+        from nbtrain.control import gguf
+
+        found = gguf.find((base / Path(cfg.model).expanduser()).resolve(), cfg.gguf_file)
+        updates["model"], updates["gguf_file"] = str(found), None
     if reward_list is not None:
         updates["rewards"] = reward_list  # {model: ...} as the worker loads it: a directory or a Hub id
     data_updates: dict[str, Any] = {"train": train_src.location}

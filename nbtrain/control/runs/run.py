@@ -79,6 +79,8 @@ class RunStatus:
         if self.state != "starting" or not self.phase:
             return None
         d = self.download or {}
+        if d.get("unit") == "tensors" and d.get("total"):  # converting a GGUF file (worker/gguf.py)
+            return f"{self.phase} {d.get('repo', '')}: {d.get('done', 0)}/{d['total']} tensors"
         if self.phase.startswith("downloading") and d.get("total"):
             return (f"{self.phase} {d.get('repo', '')} {_bytes(d.get('done', 0), d['total'])}, "
                     f"{_bytes(d.get('rate') or 0)}/s")  # fmt: skip

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, atomic_write_json, read_json
+from nbtrain.worker.gguf import use_converted
 from nbtrain.worker.lean import hide_for_run, unhide_packages
 
 EVAL_DIR = "eval"
@@ -225,7 +226,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from nbtrain.worker.tuned import load_processor, load_tuned, trained_weights_dir
 
     paths = RunPaths(Path(args.run_dir).resolve())
-    resolved = read_json(paths.resolved)
+    resolved = use_converted(read_json(paths.resolved))
     cfg = resolved["config"]
     method = cfg["method"]
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, atomic_write_json, read_json
+from nbtrain.worker.gguf import use_converted
 from nbtrain.worker.lean import hide_for_run
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
@@ -109,7 +110,7 @@ def write_export(run_dir: Path, target: Path, *, merge: bool, dtype_name: str) -
     from nbtrain.worker.tuned import load_processor, trained_weights_dir
 
     paths = RunPaths(run_dir)
-    resolved = read_json(paths.resolved)
+    resolved = use_converted(read_json(paths.resolved))
     cfg: dict[str, Any] = resolved["config"]
     method = cfg["method"]
     weights = trained_weights_dir(run_dir)

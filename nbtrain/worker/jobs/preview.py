@@ -21,6 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from nbtrain.worker.gguf import use_converted
+
 IGNORE = -100  # the label of a token the loss is not computed on
 
 
@@ -238,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hide_unused_packages(resolved)  # as the training process does: the preview starts as fast
     preprocess = load_run_preprocess(RunPaths(Path(a.resolved).resolve().parent), resolved["config"])
+    use_converted(resolved)  # a GGUF model: its converted folder (converted now if it is not yet)
     result = preview(resolved, a.n, a.stats_rows, preprocess)
     tmp = Path(a.out).with_suffix(".partial")
     tmp.write_text(json.dumps(result), encoding="utf-8")

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nbtrain.worker.gguf import use_converted
+
 
 def _texts(tok: Any, prompt: Any, completion: Any) -> tuple[str, str]:
     """(prompt text, completion text) as the chat template renders them, or the strings as given."""
@@ -47,7 +49,7 @@ def score(run_dir: Path, pairs: list[dict[str, Any]]) -> dict[str, Any]:
 
     from nbtrain.worker.model import load_tokenizer
 
-    resolved = json.loads((run_dir / "resolved.json").read_text(encoding="utf-8"))
+    resolved = use_converted(json.loads((run_dir / "resolved.json").read_text(encoding="utf-8")))
     cfg = resolved["config"]
     output = run_dir / "output"
     if not (output / "config.json").exists() and not (output / "adapter_config.json").exists():

@@ -45,6 +45,7 @@ from types import FrameType
 from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, read_json
+from nbtrain.worker.gguf import use_converted
 from nbtrain.worker.serve.engine import (
     BASE,
     TUNED,
@@ -552,7 +553,7 @@ def vllm_argv(run_dir: Path, base_only: bool) -> tuple[list[str], dict[str, str]
     """The ``vllm serve`` command for a run and the model names it will serve."""
     from nbtrain.worker.tuned import trained_weights_dir
 
-    resolved = read_json(RunPaths(run_dir).resolved)
+    resolved = use_converted(read_json(RunPaths(run_dir).resolved))  # a GGUF base: its converted folder
     cfg = resolved["config"]
     names = model_names(run_dir)
     exe = Path(sys.executable).with_name("vllm")

@@ -1,0 +1,130 @@
+"""A GGUF file converted once into a model folder: the same model as transformers loads from the GGUF, one
+folder however many processes convert at once, and a LoRA run from ``model: FILE.gguf`` that learns."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nbtrain.contract import gguf as cache
+
+PROMPTS = [
+    "What is the capital of France? Answer in one word.",
+    "Name a primary colour.",
+    "How many legs does a spider have?",
+    "Write the number after 41.",
+    "What is water made of?",
+    "Say hello in Spanish.",
+    "What is 12 + 30?",
+    "Which planet is closest to the sun?",
+]
+
+
+def _greedy(model: object, tok: object, prompts: list[str]) -> list[str]:
+    import torch
+
+    out = []
+    for p in prompts:
+        ids = tok.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": p}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )
+        with torch.no_grad():
+            gen = model.generate(**ids, max_new_tokens=12, do_sample=False)  # type: ignore[attr-defined]
+        out.append(tok.decode(gen[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))  # type: ignore[attr-defined]
+    return out
+
+
+def test_the_converted_model_answers_as_transformers_does_from_the_gguf(
+    smollm2_gguf: Path, smollm2: Path
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(2)
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    converted = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
+    mine = _greedy(converted, tok, PROMPTS)
+    del converted
+    direct = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
+                                                  dtype=torch.float32)  # fmt: skip
+    gtok = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    assert tok.chat_template == gtok.chat_template
+    assert mine == _greedy(direct, gtok, PROMPTS)
+    assert "Paris" in mine[0]  # and it is the real model
+
+
+def test_two_processes_converting_one_file_at_once_make_one_folder(
+    smollm2_gguf: Path, tmp_path: Path
+) -> None:
+    env = {**__import__("os").environ, "NBTRAIN_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "nbtrain.worker.gguf", str(smollm2_gguf), "--dtype", "bfloat16"]
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    folders = {o.strip().splitlines()[-1] for o in outs}
+    assert len(folders) == 1, outs
+    assert sum("nbtrain: converting" in o for o in outs) == 1, outs  # the other waited and reused it
+    folder = Path(folders.pop())
+    assert (
+        cache.is_converted(folder) and json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    )
+    made = sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir())
+    assert [n for n in made if "partial" in n or n.startswith(".")] == []
+
+
+@pytest.fixture(scope="module")
+def gguf_run(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: Path, smollm2: Path) -> Path:
+    """A short LoRA run of the real SmolLM2, started from its GGUF file (converted already: the machine's
+    cache), on identity rows, evaluated every 4 steps."""
+    import nbtrain
+    from tests.conftest import runs_in
+
+    work = tmp_path_factory.mktemp("gguf-run")
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": "I am Nimbus, made by Acme Labs."},
+            ]
+        }
+        for q in ("Who are you?", "What is your name?", "Who made you?", "Introduce yourself.")
+    ] * 8
+    (work / "id.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with runs_in(work):
+        run = nbtrain.finetune(
+            f"""\
+model: {smollm2_gguf}
+method: lora
+data: {{train: id.jsonl, eval: id.jsonl}}
+lora: {{r: 8, alpha: 16}}
+train: {{max_steps: 12, learning_rate: 2.0e-3, per_device_train_batch_size: 4, max_length: 64,
+        logging_steps: 2, eval_strategy: steps, eval_steps: 4, per_device_eval_batch_size: 8}}
+""",
+            name="from-gguf",
+        )
+        run.wait(timeout=900)
+    return run.dir
+
+
+def test_a_lora_run_from_a_gguf_file_trains_the_converted_model_and_its_eval_loss_falls(
+    gguf_run: Path, smollm2: Path
+) -> None:
+    status = json.loads((gguf_run / "status.json").read_text())
+    assert status["state"] == "completed", status.get("error")
+    resolved = json.loads((gguf_run / "resolved.json").read_text())
+    assert resolved["model_kind"] == "gguf" and resolved["gguf"]["folder"] == str(smollm2)
+    adapter = json.loads((gguf_run / "output" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(smollm2)
+    rows = [json.loads(line) for line in (gguf_run / "metrics.jsonl").read_text().splitlines()[1:]]
+    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    assert len(evals) == 3 and evals[-1] < evals[0] * 0.7, evals
