@@ -216,6 +216,46 @@ def _fetch_config(repo: str, revision: str | None, s: Settings) -> tuple[dict[st
     return config, None
 
 
+def gguf_file(repo: str, file: str, revision: str | None = None) -> tuple[str | None, str | None]:
+    """A Hub repo's GGUF file ``file`` (``model: org/x`` + ``gguf_file:``): the repo, revision and file
+    checked with one metadata request (nothing downloaded: the worker fetches it, with its bytes shown).
+
+    Returns ``(cached path or None, note)``; the note says why the Hub could not be asked, or that the
+    estimate waits for the download. Raises HubProblem for a missing repo, revision or file, a gated or
+    private repo, and offline mode without the file cached."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.errors import HfHubHTTPError, RemoteEntryNotFoundError
+
+    s = settings()
+    hit = try_to_load_from_cache(repo, file, cache_dir=s.cache_dir, revision=revision)
+    cached = hit if isinstance(hit, str) else None
+    if s.offline:
+        if cached is None:
+            raise HubProblem(
+                f"{repo}'s {file} is not in the local Hugging Face cache ({s.cache_dir}) and HF_HUB_OFFLINE "
+                f"is set, so it cannot be downloaded: hf download {repo} {file}"
+            )
+        return cached, f"HF_HUB_OFFLINE: {repo}'s {file} from the local cache (access not checked)"
+    url = hf_hub_url(repo, file, revision=revision, endpoint=s.endpoint)
+    try:
+        get_hf_file_metadata(url, token=s.token, timeout=TIMEOUT_S, endpoint=s.endpoint)
+    except RemoteEntryNotFoundError:
+        where = page(repo, "model", s.endpoint)
+        raise HubProblem(
+            f"model {repo} has no file {file!r} ({where}); gguf_file: names one of its .gguf files"
+        ) from None
+    except HfHubHTTPError as e:
+        problem = _access_problem(e, repo, "model", s)
+        if problem is not None:
+            raise problem from None
+        return cached, f"the Hub ({s.endpoint}) could not be reached ({type(e).__name__})"
+    except Exception as e:  # noqa: BLE001 - network (refused, DNS, timeout)
+        return cached, f"the Hub ({s.endpoint}) could not be reached ({type(e).__name__}: {str(e)[:120]})"
+    if cached is None:
+        return None, f"{file} is read when the worker has downloaded it: no memory estimate before"
+    return cached, None
+
+
 def _unreachable(
     config: dict[str, Any] | None, repo: str, s: Settings, err: Exception
 ) -> tuple[dict[str, Any] | None, str]:
@@ -402,6 +442,7 @@ __all__ = [
     "Sample",
     "data_file_for",
     "dataset_sample",
+    "gguf_file",
     "is_hub_id",
     "model_config",
     "page",

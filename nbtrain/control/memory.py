@@ -1098,7 +1098,9 @@ def estimate(
 # ================================================================================== model facts
 
 
-def load_model_config(model: str | Path, revision: str | None = None) -> dict[str, Any] | None:
+def load_model_config(
+    model: str | Path, revision: str | None = None, gguf_file: str | None = None
+) -> dict[str, Any] | None:
     """``config.json`` of a local model directory, or of a Hub id (at ``revision``): fetched into the HF
     cache, or read from it offline (nbtrain.control.hub).
 
@@ -1106,6 +1108,15 @@ def load_model_config(model: str | Path, revision: str | None = None) -> dict[st
     estimate is then skipped; ``prepare`` reports why, from ``hub.model_config``).
     """
     path = Path(model).expanduser()
+    if gguf_file is not None and not path.exists():  # a Hub repo's GGUF file: its header, once downloaded
+        from huggingface_hub import try_to_load_from_cache
+
+        from nbtrain.control import hub
+
+        hit = try_to_load_from_cache(str(model), gguf_file, cache_dir=hub.cache_dir(), revision=revision)
+        if not isinstance(hit, str):
+            return None
+        path = Path(hit)
     if path.is_file() and path.name.lower().endswith(".gguf"):
         from nbtrain.control import gguf  # the header (numpy); nothing dequantised
 

@@ -79,7 +79,9 @@ class Prepared:
         when no estimate could be made (the model's config.json is not on this machine)."""
         if self.plan.estimate is None:
             return None
-        mc = load_model_config(self.resolved.config.model, self.resolved.config.revision)
+        mc = load_model_config(
+            self.resolved.config.model, self.resolved.config.revision, self.resolved.config.gguf_file
+        )
         if mc is None:
             return None
         est = estimate_for(self.resolved.config, self.plan, mc)
@@ -113,8 +115,8 @@ class Prepared:
             f"  model:     {cfg.model} ({self.resolved.model_kind})",
             *(
                 [
-                    f"             converted once into {self.gguf['folder']} ({self.gguf['dtype']}"
-                    + (", already there)" if self.gguf["converted"] else ")")
+                    f"             converted once into {self.gguf['folder'] or 'the cache'} "
+                    f"({self.gguf['dtype']}" + (", already there)" if self.gguf["converted"] else ")")
                 ]
                 if self.gguf
                 else []
@@ -216,10 +218,24 @@ def prepare(
 def gguf_source(res: Resolved, precision: str) -> dict[str, Any] | None:
     """A GGUF model's file, content hash and the folder the worker converts it into (in the float type the
     plan trains in, or the file's own). The hash is read once per file version; nothing is dequantised."""
-    if res.model_kind != "gguf":
-        return None
     from nbtrain.control import gguf
 
+    cfg = res.config
+    if res.model_kind == "hub" and cfg.gguf_file is not None:
+        # the file's hash is known once the worker has it; the float type is the plan's, or the file's own
+        # when its header is cached already
+        cached = hub.gguf_file(cfg.model, cfg.gguf_file, cfg.revision)[0]
+        info = gguf.read(cached) if cached else None
+        dtype = (
+            gguf.conversion_dtype(info, precision)
+            if info
+            else {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "float32")
+        )
+        return {"file": None, "repo": cfg.model, "name": cfg.gguf_file, "sha256": None, "dtype": dtype,
+                "folder": None, "architecture": info.architecture if info else None,
+                "file_type": info.file_type if info else None, "converted": False}  # fmt: skip
+    if res.model_kind != "gguf":
+        return None
     try:
         src = gguf.source(res.config.model, precision)
     except (OSError, gguf.GgufProblem) as e:
@@ -238,6 +254,8 @@ def hub_model_check(res: Resolved) -> str | None:
     if res.model_kind != "hub":
         return None
     try:
+        if res.config.gguf_file is not None:  # a GGUF file in the repo: checked, downloaded by the worker
+            return hub.gguf_file(res.config.model, res.config.gguf_file, res.config.revision)[1]
         return hub.model_config(res.config.model, res.config.revision)[1]
     except hub.HubProblem as e:
         raise problems_error(res.text, [(("model",), str(e))]) from None
@@ -251,7 +269,7 @@ def vision_check(res: Resolved) -> None:
     """A vision-language model (its config.json nests a vision_config) gets ``vision:`` filled in; images
     in the data of a text model, ``vision:`` for one, or an objective other than SFT on images are
     refused, pointing at the line. A model whose config.json cannot be had is left to the worker."""
-    mc = load_model_config(res.config.model, res.config.revision)
+    mc = load_model_config(res.config.model, res.config.revision, res.config.gguf_file)
     if mc is None:
         return
     cfg = res.config
@@ -476,7 +494,9 @@ def estimate_table(
     """Will it fit? ``config`` prepared here (preset rules not enforced: an estimate only informs), and every
     method x strategy on this hardware with the fit rule's verdict (empty without the model's config.json)."""
     prep = prepare(config, hardware=hardware, enforce_preset=False)
-    mc = load_model_config(prep.resolved.config.model, prep.resolved.config.revision)
+    mc = load_model_config(
+        prep.resolved.config.model, prep.resolved.config.revision, prep.resolved.config.gguf_file
+    )
     table: list[dict[str, Any]] = []
     if mc is not None:
         micro = prep.train_args.get("per_device_train_batch_size", 8)

@@ -190,7 +190,16 @@ def _download_model(paths: RunPaths, resolved: dict[str, Any], *, report: bool) 
 
         tree = HfApi().list_repo_tree(repo, revision=revision, recursive=True)
         listed = {f.path: int(f.size) for f in tree if isinstance(f, RepoFile)}
-        need = wanted(listed, bool(cfg.get("trust_remote_code")))
+        gguf_file = cfg.get(
+            "gguf_file"
+        )  # a GGUF file of the repo: that file alone (worker/gguf.py converts it)
+        if gguf_file is not None and gguf_file not in listed:
+            have = ", ".join(p for p in listed if p.endswith(".gguf")) or "none"
+            raise FileNotFoundError(f"{repo} has no file {gguf_file!r} (its GGUF files: {have})")
+        if gguf_file is not None:
+            need = {gguf_file: listed[gguf_file]}
+        else:
+            need = wanted(listed, bool(cfg.get("trust_remote_code")))
         missing = {
             p: s
             for p, s in need.items()

@@ -18,7 +18,9 @@ from tests.hubserver import HubServer, Repo, files_of
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+def server(
+    tiny_model: Path, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HubServer]:
     model = files_of(tiny_model)
     bigger = json.loads(model["config.json"])
     bigger["num_hidden_layers"] = 8
@@ -33,6 +35,10 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "org/tiny": Repo({"main": model, "big": {**model, "config.json": json.dumps(bigger).encode()}}),
             "org/gated": Repo({"main": model}, gated=True),
             "org/private": Repo({"main": model}, private=True),
+            # a GGUF repo as they are on the Hub: no config.json, the model in one .gguf file
+            "org/smol-gguf": Repo(
+                {"main": {"README.md": b"# SmolLM2 GGUF", GGUF: smollm2_gguf.read_bytes()}}
+            ),
         },
         datasets={
             "org/add": Repo({"main": {"data/train.jsonl": good, "data/test.jsonl": test_rows}}),
@@ -67,6 +73,27 @@ def hub_env(
         monkeypatch.delenv(name, raising=False)
     hub._configs.clear()  # what an earlier test fetched under other settings
     return server
+
+
+GGUF = "smollm2-135m-instruct-q4_1.gguf"
+
+
+def test_a_hub_repos_gguf_file_is_checked_then_downloaded_converted_and_trained(
+    hub_env: HubServer, workdir: Path, smollm2: Path
+) -> None:
+    with pytest.raises(ConfigError, match=r"model org/smol-gguf has no file 'other\.gguf'"):
+        prepare(lora_config("org/smol-gguf", extra="gguf_file: other.gguf\n"))
+    cfg = lora_config("org/smol-gguf", extra=f"gguf_file: {GGUF}\n")
+    before = prepare(cfg)
+    assert before.plan.estimate is None and before.gguf is not None and before.gguf["dtype"] == "float32"
+    assert any("when the worker has downloaded it" in r for r in before.plan.reasons)
+    run = nbtrain.finetune(cfg)
+    run.wait(timeout=600)
+    assert run.status().state == "completed", run.status().error
+    adapter = json.loads((run.dir / "output" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(smollm2)  # the same bytes: the machine's conversion
+    after = prepare(cfg)  # the file is in the HF cache now: its header gives the estimate
+    assert after.plan.estimate is not None and after.plan.estimate["total_params"] == 134_515_008
 
 
 def lora_config(model: str, train: str = "data/add.jsonl", extra: str = "") -> str:

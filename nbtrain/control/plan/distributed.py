@@ -96,7 +96,7 @@ def _zero_infinity(res: Resolved, plan: Plan, ds: dict[str, Any], zero: dict[str
     path, pin = str(res.config.distributed.nvme_path), plan.device == "cuda"
     where: dict[str, Any] = {"device": "nvme", "nvme_path": path, "pin_memory": pin}
     param: dict[str, Any] = {**where, "buffer_count": memory.NVME_PARAM_BUFFERS}
-    mc = memory.load_model_config(res.config.model, res.config.revision)
+    mc = memory.load_model_config(res.config.model, res.config.revision, res.config.gguf_file)
     if mc is not None:
         param["buffer_size"] = memory.nvme_param_buffer(memory.count_parameters(mc), plan.world_size)
     zero.setdefault("offload_param", param)

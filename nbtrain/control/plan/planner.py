@@ -213,7 +213,7 @@ def _plan_memory(res: Resolved, hw: Hardware, plan: Plan) -> None:
     batch) when it is given.
     """
     cfg, reasons = res.config, plan.reasons
-    mc = memory.load_model_config(cfg.model, cfg.revision)
+    mc = memory.load_model_config(cfg.model, cfg.revision, cfg.gguf_file)
     if cfg.method == "auto":
         if mc is None:
             plan.method = "lora"
