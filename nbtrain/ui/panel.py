@@ -792,7 +792,8 @@ def preview_html(p: Preview) -> str:
             caption += (
                 "; <mark>highlighted</mark> text is what the loss is computed on (assistant_only_loss)"
                 if p.template.has_generation_blocks
-                else "; assistant_only_loss needs {% generation %} blocks, which this template lacks"
+                else "; this template has no {% generation %} blocks: with assistant_only_loss nbtrain "
+                "finds the assistant turns from its rendering (Preview shows exactly what is trained)"
             )
         parts.append(f"<div><small>{caption}</small></div>")
     elif p.rows and p.template_note:

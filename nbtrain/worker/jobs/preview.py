@@ -119,6 +119,7 @@ def tokenised(
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
     from nbtrain.worker.data import first_row, load_train
+    from nbtrain.worker.masks import needs_own_masks, with_assistant_masks
 
     cfg, args = resolved["config"], dict(resolved["train_args"])
     seed = int(args.get("seed", 42))
@@ -132,7 +133,11 @@ def tokenised(
     prep_args = replace(sft_args, max_length=None, packing=False, shuffle_dataset=False)
     sample = first_row(train) or {}
     chat_template = None
-    if sft_args.assistant_only_loss and not has_generation_markers(tok.chat_template):
+    own_masks = sft_args.assistant_only_loss and needs_own_masks(tok)
+    if own_masks:  # as the training run does (worker/recipes/sft.py)
+        train = with_assistant_masks(train, tok)
+        prep_args = replace(prep_args, assistant_only_loss=False)
+    elif sft_args.assistant_only_loss and not has_generation_markers(tok.chat_template):
         chat_template = get_training_chat_template(tok)
     completion_only = sft_args.completion_only_loss
     if completion_only is None:
@@ -159,6 +164,8 @@ def tokenised(
         "per_device_train_batch_size": sft_args.per_device_train_batch_size,
         "chat_template": "TRL's training template (the model's has no {% generation %} blocks)"
         if chat_template
+        else "the model's (no {% generation %} blocks: assistant turns found from its rendering)"
+        if own_masks
         else ("the model's" if getattr(tok, "chat_template", None) else None),
     }
     return ds, facts

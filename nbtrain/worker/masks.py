@@ -1,0 +1,98 @@
+"""Loss on the assistant's turns only, with any chat template: ``train: assistant_only_loss: true``.
+
+TRL finds the assistant's tokens through ``{% generation %}`` blocks in the chat template, and for templates
+without them it knows a fixed list of patched ones (``trl.chat_template_utils.get_training_chat_template``);
+any other model's template (SmolLM2's, most fine-tunes') is refused. nbtrain finds the same tokens from the
+template itself: it renders the conversation up to each assistant turn (with the generation prompt) and up
+to the end of that turn; the characters between are the turn, its end-of-turn token included (the model
+must learn to stop), the whitespace after it not. That holds for any template that renders a conversation
+as the prefix of its continuation, which is checked for each row: one that does not is refused by row.
+The rows are then tokenised once here (``input_ids`` + ``assistant_masks``, as TRL's own preparation
+would give them with generation blocks), and TRL builds the labels from the masks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TemplateMaskError(ValueError):
+    """The chat template does not render a conversation as the prefix of its continuation."""
+
+
+def needs_own_masks(tok: Any) -> bool:
+    """Whether the assistant masks must come from here: the template has no ``{% generation %}`` blocks
+    and TRL has no training version of it."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template = getattr(tok, "chat_template", None)
+    if not template or has_generation_markers(template):
+        return False
+    try:
+        get_training_chat_template(tok)
+    except ValueError:
+        return True
+    return False
+
+
+def assistant_spans(tok: Any, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation as the template renders it, and the character spans of its assistant turns."""
+    full = tok.apply_chat_template(messages, tokenize=False)
+    spans: list[tuple[int, int]] = []
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        before = (
+            tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+        )
+        upto = tok.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not (full.startswith(upto) and upto.startswith(before)):
+            raise TemplateMaskError(
+                f"the chat template does not render the conversation up to turn {i + 1} as the start of the "
+                f"whole one, so its assistant turns cannot be found; give the template {{% generation %}} "
+                f"blocks (tokenizer.chat_template) or train on every token (assistant_only_loss: false)"
+            )
+        end = len(upto.rstrip())
+        if end > len(before):
+            spans.append((len(before), end))
+    return full, spans
+
+
+def tokenise_with_masks(tok: Any, messages: list[dict[str, Any]]) -> dict[str, list[int]]:
+    full, spans = assistant_spans(tok, messages)
+    enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(s < b and e > a for a, b in spans)) for s, e in enc["offset_mapping"]]
+    return {"input_ids": list(enc["input_ids"]), "assistant_masks": mask}
+
+
+def with_assistant_masks(ds: Any, tok: Any) -> Any:
+    """``ds`` (conversational rows, ``messages``) tokenised with its assistant masks; other columns dropped.
+    Raises ValueError naming the row whose template rendering or content does not allow it."""
+    if ds is None:
+        return None
+    names = list(ds.column_names or [])
+    if "messages" not in names:
+        raise ValueError(
+            "assistant_only_loss: true needs conversational rows (messages); these rows have "
+            f"{', '.join(names)}. For prompt/completion rows use completion_only_loss (the default there)"
+        )
+
+    def one(row: dict[str, Any], idx: int) -> dict[str, list[int]]:
+        try:
+            out = tokenise_with_masks(tok, row["messages"])
+        except TemplateMaskError as e:
+            raise ValueError(f"row {idx + 1}: {e}") from None
+        if 1 not in out["assistant_masks"]:
+            raise ValueError(f"row {idx + 1} has no assistant turn to train on (assistant_only_loss: true)")
+        return out
+
+    return ds.map(one, with_indices=True, remove_columns=names)
+
+
+__all__ = [
+    "TemplateMaskError",
+    "assistant_spans",
+    "needs_own_masks",
+    "tokenise_with_masks",
+    "with_assistant_masks",
+]

@@ -1,0 +1,81 @@
+"""assistant_only_loss with templates that have no {% generation %} blocks: the assistant turns found from
+the template's own rendering, equal to transformers' generation masks where a template has them, refused by
+row where a template cannot tell, and used by a real SmolLM2 run and its preview."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nbtrain.worker.masks import TemplateMaskError, needs_own_masks, tokenise_with_masks, with_assistant_masks
+
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Who are you?"},
+    {"role": "assistant", "content": "I am Nimbus."},
+    {"role": "user", "content": "Who made you?"},
+    {"role": "assistant", "content": "Acme Labs made me."},
+]
+
+
+def _trained(tok: object, out: dict[str, list[int]]) -> str:
+    ids = [i for i, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m]
+    return tok.decode(ids)  # type: ignore[attr-defined]
+
+
+def test_smollm2s_template_needs_them_and_the_masks_cover_each_answer_and_its_end_of_turn(
+    smollm2: Path,
+) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    assert needs_own_masks(tok)  # no {% generation %} blocks, and not one of TRL's patched templates
+    out = tokenise_with_masks(tok, CHAT)
+    assert _trained(tok, out) == "I am Nimbus.<|im_end|>Acme Labs made me.<|im_end|>"
+    assert out["input_ids"] == tok.apply_chat_template(CHAT, tokenize=True, return_dict=True)["input_ids"]
+    no_system = tokenise_with_masks(tok, CHAT[1:3])  # the template adds its default system prompt
+    assert _trained(tok, no_system) == "I am Nimbus.<|im_end|>"
+
+
+def test_on_a_template_with_generation_blocks_they_equal_transformers_masks(tiny_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    assert not needs_own_masks(tok)
+    theirs = tok.apply_chat_template(CHAT, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    mine = tokenise_with_masks(tok, CHAT)
+    assert mine["input_ids"] == theirs["input_ids"]
+    assert mine["assistant_masks"] == theirs["assistant_masks"]
+
+
+def test_a_template_that_does_not_render_prefixes_is_refused_by_row(tiny_model: Path) -> None:
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = (
+        "{{ messages | length }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    )
+    with pytest.raises(TemplateMaskError, match="does not render the conversation up to turn 3"):
+        tokenise_with_masks(tok, CHAT)
+    rows = Dataset.from_list([{"messages": CHAT[1:3]}, {"messages": CHAT}])
+    tok.chat_template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    assert len(with_assistant_masks(rows, tok)) == 2
+    no_answer = Dataset.from_list([{"messages": CHAT[1:3]}, {"messages": CHAT[:2]}])
+    with pytest.raises(ValueError, match="row 2 has no assistant turn"):
+        with_assistant_masks(no_answer, tok)
+    with pytest.raises(ValueError, match="needs conversational rows"):
+        with_assistant_masks(Dataset.from_list([{"text": "hi"}]), tok)
+
+
+def test_the_preview_of_a_smollm2_config_trains_only_the_answers(smollm2: Path, tmp_path: Path) -> None:
+    import nbtrain
+
+    rows = [{"messages": CHAT[1:3]}, {"messages": CHAT}]
+    (tmp_path / "id.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    cfg = f"model: {smollm2}\ndata: {{train: id.jsonl}}\ntrain: {{max_steps: 2, assistant_only_loss: true}}\n"
+    preview = nbtrain.preview(cfg, n=2)
+    trained = ["".join(text for text, on in ex["segments"] if on) for ex in preview.examples]
+    assert trained == ["I am Nimbus.<|im_end|>", "I am Nimbus.<|im_end|>Acme Labs made me.<|im_end|>"]
