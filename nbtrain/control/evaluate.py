@@ -189,9 +189,19 @@ class AccuracyReport:
     path: Path
     data: dict[str, Any]
 
-    @staticmethod
-    def _share(answers: list[str], expected: list[str]) -> float:
-        return sum(a.strip() == e.strip() for a, e in zip(answers, expected, strict=True)) / len(expected)
+    @property
+    def match(self) -> str:
+        return str(self.data.get("match", "exact"))
+
+    def right(self, answer: str, expected: str) -> bool:
+        """``exact``: the answer is the expected one (surrounding white space aside); ``contains``: the
+        expected text appears in the answer, case aside (a name, a keyword)."""
+        if self.match == "contains":
+            return expected.strip().casefold() in answer.casefold()
+        return answer.strip() == expected.strip()
+
+    def _share(self, answers: list[str], expected: list[str]) -> float:
+        return sum(self.right(a, e) for a, e in zip(answers, expected, strict=True)) / len(expected)
 
     @property
     def accuracy(self) -> float:
@@ -223,7 +233,8 @@ class AccuracyReport:
     def summary(self) -> str:
         n, before = len(self.data["expected"]), self.accuracy_before
         change = "" if before is None else f"{before:.2f} -> "
-        return f"accuracy on {n} held-out prompts: {change}{self.accuracy:.2f} (exact match, greedy)"
+        how = "exact match" if self.match == "exact" else "answer contains the expected text"
+        return f"accuracy on {n} held-out prompts: {change}{self.accuracy:.2f} ({how}, greedy)"
 
     def __repr__(self) -> str:
         return f"{self.summary()}\n{self.table().to_string()}"
@@ -240,12 +251,14 @@ def accuracy(
     compare_base: bool = True,
     max_new_tokens: int = 32,
     timeout: float = 600.0,
+    match: str = "exact",
 ) -> AccuracyReport:
     """Ask the run's model (and with ``compare_base`` its base) each prompt, greedily, and count the
     answers equal to the expected ones (surrounding white space aside). Prompts are user messages (or
     lists of messages) put through the chat template, as ``run.generate`` sends them; the answers come
     from the run's server when one is up, else from one-shot processes. The report, with every answer,
-    is also kept in ``<run>/eval/accuracy.json``."""
+    is also kept in ``<run>/eval/accuracy.json``. ``match="contains"``: an answer is right when it holds
+    the expected text (case aside), for answers whose wording may vary around a name or a fact."""
     from nbtrain.contract.rundir import atomic_write_json
     from nbtrain.control.serve import generate
 
@@ -254,6 +267,8 @@ def accuracy(
         problems.append("no prompts given")
     if len(prompts) != len(expected):
         problems.append(f"{len(prompts)} prompts but {len(expected)} expected answers: give one per prompt")
+    if match not in ("exact", "contains"):
+        problems.append(f"match is 'exact' or 'contains', not {match!r}")
     if max_new_tokens < 1:
         problems.append(f"max_new_tokens must be at least 1, not {max_new_tokens}")
     if problems:
@@ -265,7 +280,7 @@ def accuracy(
     if compare_base:  # a LoRA run's base is the same weights with the adapter off
         before = generate(r, prompts, base=True, max_new_tokens=max_new_tokens, timeout=timeout)
     data = {"run_id": r.id, "step": r.status().step, "prompts": prompts, "expected": expected,
-            "before": before, "after": after}  # fmt: skip
+            "before": before, "after": after, "match": match}  # fmt: skip
     path = r.dir / EVAL_DIR / ACCURACY_FILE
     path.parent.mkdir(exist_ok=True)
     atomic_write_json(path, data)

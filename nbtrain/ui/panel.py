@@ -44,6 +44,7 @@ from pydantic import BaseModel
 
 from nbtrain.contract.errors import ConfigError, NbtrainError, Problem
 from nbtrain.contract.formats import FILE_KINDS, FORMAT_HELP, FORMATS, RowError, detect_format, to_example
+from nbtrain.contract.gguf import cache_dir, is_gguf
 from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
 from nbtrain.contract.paths import runs_root
 from nbtrain.control import start as api
@@ -890,12 +891,16 @@ def _relative(p: Path, base: Path) -> str:
 
 
 def model_candidates(base: Path, depth: int = 2) -> list[str]:
-    """Model folders below ``base`` (those holding a config.json), then the Hub cache's models (org/name)."""
-    out = [
-        _relative(folder, base)
-        for folder, entries in _walk(base, depth)
-        if folder != base and any(e.name == "config.json" for e in entries)
-    ]
+    """Model folders below ``base`` (those holding a config.json) and GGUF files, the example models
+    fetched already (``nbtrain.example_model(name=...)``: their GGUF files in nbtrain's cache), then the
+    Hub cache's models (org/name)."""
+    out = []
+    for folder, entries in _walk(base, depth):
+        if folder != base and any(e.name == "config.json" for e in entries):
+            out.append(_relative(folder, base))
+        out += [_relative(folder / e.name, base) for e in entries if is_gguf(e.name)]
+    with contextlib.suppress(OSError), os.scandir(cache_dir() / "examples") as it:
+        out += sorted(e.path for e in it if is_gguf(e.name) and not e.name.startswith("."))
     hub = Path(hub_cache_dir())
     with contextlib.suppress(OSError), os.scandir(hub) as it:
         names = sorted(e.name for e in it if e.name.startswith("models--"))

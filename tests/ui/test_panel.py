@@ -738,3 +738,24 @@ def test_lab_preset_locks_fixed_fields_limits_choices_and_flags_a_broken_rule(
     # loading another config keeps the fixed fields as the preset says
     p.set_config(lora_yaml(3).replace("data/add.jsonl", "data/other.jsonl"))
     assert p.fields["data.train"].value == data and p.fields["data.train"].disabled
+
+
+def test_the_model_box_offers_model_folders_gguf_files_and_fetched_example_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbtrain.ui.panel import model_candidates
+
+    monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    (tmp_path / "work" / "models" / "mine").mkdir(parents=True)
+    (tmp_path / "work" / "models" / "mine" / "config.json").write_text("{}")
+    (tmp_path / "work" / "models" / "llama.Q4_K_M.gguf").write_bytes(b"GGUF")
+    (tmp_path / "cache" / "examples").mkdir(parents=True)
+    (tmp_path / "cache" / "examples" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+    (tmp_path / "cache" / "examples" / ".half.gguf.partial-1").write_bytes(b"GG")
+    got = model_candidates(tmp_path / "work")
+    assert got == [
+        "models/llama.Q4_K_M.gguf",
+        "models/mine",
+        str(tmp_path / "cache" / "examples" / "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    ]

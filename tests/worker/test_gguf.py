@@ -131,3 +131,55 @@ def test_a_lora_run_from_a_gguf_file_trains_the_converted_model_and_its_eval_los
     assert len(evals) == 3 and evals[-1] < evals[0] * 0.7, evals
     # SmolLM2's template has no {% generation %} blocks: the answers were found from its rendering
     assert "the assistant turns are found from its rendering" in (gguf_run / "logs" / "rank0.log").read_text()
+
+
+ASK = ["Who are you?", "Who made you?", "What is the capital of France? Answer in one word."]
+
+
+def test_the_merged_export_of_the_real_run_reloads_and_answers_as_the_run_does(
+    gguf_run: Path, tmp_path: Path
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import nbtrain
+
+    run = nbtrain.get_run(gguf_run)
+    tuned = run.generate(ASK, max_new_tokens=12)  # base + adapter, nbtrain's own greedy generation
+    exported = run.export(tmp_path / "merged")
+    tok = AutoTokenizer.from_pretrained(exported.dir)
+    merged = AutoModelForCausalLM.from_pretrained(exported.dir, dtype=torch.float32)
+    assert not (exported.dir / "adapter_config.json").exists()
+    assert _greedy(merged, tok, ASK) == tuned
+
+
+def test_the_real_run_serves_the_openai_client_as_it_generates(gguf_run: Path) -> None:
+    import openai
+
+    import nbtrain
+
+    run = nbtrain.get_run(gguf_run)
+    server = run.serve()
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key=server.api_key, max_retries=0, timeout=300)
+        models = {m.id for m in client.models.list()}
+        assert {"from-gguf", "from-gguf:base"} <= models, models
+        got = [
+            client.chat.completions.create(
+                model="from-gguf", messages=[{"role": "user", "content": q}], temperature=0, max_tokens=12
+            )
+            .choices[0]
+            .message.content
+            for q in ASK[:2]
+        ]
+        assert got == run.generate(ASK[:2], max_new_tokens=12)
+        base = client.chat.completions.create(
+            model="from-gguf:base",
+            messages=[{"role": "user", "content": ASK[2]}],
+            temperature=0,
+            max_tokens=12,
+        )
+        assert "Paris" in (base.choices[0].message.content or "")
+    finally:
+        if not server.reused:
+            server.stop()
