@@ -68,3 +68,16 @@ def test_prompts_and_answers_that_do_not_pair_up_are_refused_before_anything_run
     assert "max_new_tokens must be at least 1, not 0" in msg
     with pytest.raises(NbtrainError, match="no prompts given"):
         nbtrain.accuracy(tmp_path, [], [])
+
+
+def test_contains_counts_an_answer_holding_the_expected_text_case_aside(tmp_path: Path) -> None:
+    from nbtrain.control.evaluate import AccuracyReport
+
+    data = {"prompts": ["Who are you?", "Who made you?", "Name?"], "expected": ["Nimbus", "Acme", "Nimbus"],
+            "before": ["I am SmolLM.", "Hugging Face made me.", "nimbus"],
+            "after": ["I am NIMBUS, an assistant.", "Acme Labs built me.", "My name is Nim."]}  # fmt: skip
+    contains = AccuracyReport(tmp_path / "a.json", {**data, "match": "contains"})
+    assert (contains.accuracy_before, contains.accuracy) == (1 / 3, 2 / 3)
+    assert "answer contains the expected text" in contains.summary()
+    exact = AccuracyReport(tmp_path / "a.json", data)  # an older report: exact match
+    assert (exact.accuracy_before, exact.accuracy) == (0.0, 0.0)
