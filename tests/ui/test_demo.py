@@ -1,4 +1,4 @@
-"""`make demo` (nbtrain.ui.demo) runs lab 1 from the repository's notebooks/ folder and prints, beside the
+"""`make demo` (nbtrain.ui.demo) runs lab 6 (the real SmolLM2) from the repository's notebooks/ folder and prints, beside the
 loss, the held-out accuracy before -> after that the notebook measured, with a few real answers."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from nbtrain.ui.demo import NOTEBOOK, report
 from tests.conftest import ROOT, TUNED_ANSWERS
 
 
-def test_the_demo_finds_lab_1_in_the_repository() -> None:
-    assert NOTEBOOK == ROOT / "notebooks" / "01_qlora_single_card.ipynb" and NOTEBOOK.is_file()
+def test_the_demo_finds_lab_6_the_real_model_in_the_repository() -> None:
+    assert NOTEBOOK == ROOT / "notebooks" / "06_real_model.ipynb" and NOTEBOOK.is_file()
 
 
 @pytest.mark.slow

@@ -1,0 +1,215 @@
+"""A real pretrained model: SmolLM2-135M-Instruct (nbtrain.example_model), the same LoRA job in nbtrain
+(cold and warm), LLaMA-Factory, the bare TRL script and a bare PyTorch + peft loop, side by side in one run;
+and the machine's limit, so each system's model FLOP utilisation (MFU) can be read against it.
+
+- The job: bench/peers.lora_job on SmolLM2 and the addition data (LoRA r 8, alpha 16 on what nbtrain's
+  ``target_modules: auto`` resolves to, batch 8, lr 1e-3, loss on every token), as bench_llamafactory runs
+  it on the tiny models. Steps/s: the median interval between steps after the first two.
+- The limit: a ``torch.mm`` loop of 1024 x 1024 fp32 matrices with torch's default threads, measured before
+  and after the systems (the median is the figure).
+- FLOPs a step really does, per token: LoRA keeps the base frozen, so its matmul weights cost a forward and
+  the input gradients (4 x their parameters) and only the adapters also a weight gradient (6 x theirs);
+  embeddings are looked up, not multiplied, but a tied LM head multiplies by them (counted once). Tokens per
+  step: batch x the rows' mean length as tokenised (no padding counted). Attention's own FLOPs (small at
+  these lengths) are left out for every system alike.
+- The bare PyTorch + peft loop: the model, the same LoRA, AdamW and a fixed batch of 8 rows of that mean
+  length, forward + backward + step in a plain loop: what the hardware gives a minimal program.
+
+    python bench/bench_real.py [--repeats 2] [--steps 16]    # writes bench/results/real.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results" / "real.json"
+
+from bench.bench_llamafactory import LLAMAFACTORY, lf_files, run_llamafactory  # noqa: E402
+from bench.peers import lora_job, rotated, run_nbtrain_as, start_warm  # noqa: E402
+
+SYSTEMS = ("nbtrain_warm", "nbtrain", "bare_trl", "llamafactory", "bare_peft")
+
+MATMUL = textwrap.dedent(
+    """
+    import sys, time, torch
+    n, secs = 1024, float(sys.argv[1])
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(5):
+        a @ b
+    done, t = 0, time.perf_counter()
+    while time.perf_counter() - t < secs:
+        torch.mm(a, b)
+        done += 1
+    print(2 * n**3 * done / (time.perf_counter() - t))
+    """
+)
+
+BARE_PEFT = textwrap.dedent(
+    """
+    import json, statistics, sys, time
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    resolved, length, steps = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
+    cfg, lo = resolved["config"], resolved["config"]["lora"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=lo["r"], lora_alpha=lo["alpha"], lora_dropout=lo["dropout"],
+                                             target_modules=sys.argv[4].split(","), task_type="CAUSAL_LM"))
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    ids = torch.randint(0, model.config.vocab_size, (8, length))
+    times = []
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.time())
+    gaps = [b - a for a, b in zip(times[2:], times[3:])]
+    out = {"steady_steps_per_s": 1 / statistics.median(gaps), "final_loss": loss.item()}
+    print("RESULT", json.dumps(out))
+    """
+)
+
+
+def matmul_flops(secs: float = 4.0) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", MATMUL, str(secs)], capture_output=True, text=True, check=True
+    )
+    return float(out.stdout.strip())
+
+
+def run_bare_peft(
+    resolved: Path, length: int, steps: int, targets: list[str], work: Path
+) -> dict[str, float]:
+    script = work / "bare_peft.py"
+    script.write_text(BARE_PEFT)
+    argv = [sys.executable, str(script), str(resolved), str(length), str(steps), ",".join(targets)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")), None)
+    if line is None:
+        raise RuntimeError(f"the bare peft loop failed:\n{out.stderr[-3000:]}")
+    return dict(json.loads(line.removeprefix("RESULT ")))
+
+
+def token_facts(model: Path, data: Path) -> float:
+    """The rows' mean length in tokens, as the chat template renders them."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+    lengths = [
+        len(tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"])
+        for r in rows
+    ]
+    return statistics.mean(lengths)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=16)
+    args = ap.parse_args()
+    res: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
+        "loadavg_start": os.getloadavg(),
+    }
+    error = LLAMAFACTORY.setup()
+    if error is not None:
+        res["error"] = error
+        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+        print(error, file=sys.stderr)
+        return 1
+    res["versions"] = {"llamafactory_venv": LLAMAFACTORY.versions()}
+    import nbtrain
+    from bench.bench_overhead import run_bare
+    from nbtrain.examples import write_dataset
+
+    flops = [matmul_flops()]
+    with tempfile.TemporaryDirectory(prefix="nbtrain-bench-real-") as d:
+        work = Path(d)
+        os.environ["NBTRAIN_HOME"] = str(work / "home")
+        os.environ["NBTRAIN_RUNS_DIR"] = str(work / "runs")
+        os.chdir(work)
+        res["warm_process"] = start_warm()
+        model = nbtrain.example_model(name="smollm2-135m-instruct")
+        data = write_dataset(work / "data.jsonl", n=400)
+        resolved = work / "resolved.json"
+        config, cfg = lora_job(model, data, args.steps, resolved)
+        est = json.loads(resolved.read_text())["estimate"]
+        lf = lf_files(work, model, data, "smollm2", args.steps, cfg)
+        mean_len = token_facts(model, data)
+        samples: dict[str, list[dict[str, float]]] = {s: [] for s in SYSTEMS}
+        for i in range(args.repeats):
+            for system in rotated(SYSTEMS, i):
+                if system.startswith("nbtrain"):
+                    r = run_nbtrain_as(system == "nbtrain_warm", config, work, f"real-{system}-{i}")
+                elif system == "bare_trl":
+                    r = run_bare(resolved, work)
+                elif system == "llamafactory":
+                    r = run_llamafactory(lf)
+                else:
+                    r = run_bare_peft(resolved, round(mean_len), args.steps, cfg["targets"], work)
+                samples[system].append(r)
+                first = f", first step {r['first_step_s']:.1f} s" if "first_step_s" in r else ""
+                print(f"  #{i} {system}: {r['steady_steps_per_s']:.3f} steps/s{first}", flush=True)
+        from nbtrain.control import warm
+
+        warm.stop()
+    flops.append(matmul_flops())
+    peak = statistics.median(flops)
+    total, trainable = est["total_params"], est["trainable_params"]
+    from nbtrain.control.memory import count_parameters, load_model_config
+
+    pc = count_parameters(load_model_config(model) or {})
+    matmul_params = total - pc.norms - (0 if pc.lm_head == 0 else pc.embeddings)  # tied head counted once
+    per_token = 4 * matmul_params + 6 * trainable
+    step_flops = 8 * mean_len * per_token
+    med = {s: {k: statistics.median(x[k] for x in v) for k in v[0]} for s, v in samples.items()}
+    mfu = {s: m["steady_steps_per_s"] * step_flops / peak for s, m in med.items()}
+    res.update({
+        "matmul_flops_per_s": flops, "mean_row_tokens": mean_len, "flops_per_step": step_flops,
+        "params": {"total": total, "trainable": trainable, "matmul": matmul_params},
+        "median": med, "mfu": mfu,
+        "steps_per_s_ratio_vs_llamafactory": med["nbtrain"]["steady_steps_per_s"]
+        / med["llamafactory"]["steady_steps_per_s"],
+        "warm_steps_per_s_ratio_vs_llamafactory": med["nbtrain_warm"]["steady_steps_per_s"]
+        / med["llamafactory"]["steady_steps_per_s"],
+        "steps_per_s_ratio_vs_bare_trl": med["nbtrain"]["steady_steps_per_s"]
+        / med["bare_trl"]["steady_steps_per_s"],
+        "mfu_ratio_vs_bare_peft": mfu["nbtrain"] / mfu["bare_peft"],
+        "samples": samples, "loadavg_end": os.getloadavg(),
+    })  # fmt: skip
+    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"matmul {peak / 1e9:.0f} GFLOP/s; a step {step_flops / 1e9:.0f} GFLOP ({mean_len:.1f} tokens/row)")
+    print("| system | steps/s | first step s | peak RSS MiB | MFU |")
+    print("|---|---|---|---|---|")
+    for s in SYSTEMS:
+        m = med[s]
+        first = f"{m['first_step_s']:.1f}" if "first_step_s" in m else "-"
+        rss = f"{m['peak_rss'] / 2**20:.0f}" if "peak_rss" in m else "-"
+        print(f"| {s} | {m['steady_steps_per_s']:.3f} | {first} | {rss} | {mfu[s]:.2f} |")
+    print(f"nbtrain / LLaMA-Factory steps/s {res['steps_per_s_ratio_vs_llamafactory']:.2f}x (warm "
+          f"{res['warm_steps_per_s_ratio_vs_llamafactory']:.2f}x), / bare TRL "
+          f"{res['steps_per_s_ratio_vs_bare_trl']:.2f}x, "
+          f"MFU / bare peft loop {res['mfu_ratio_vs_bare_peft']:.2f}x")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
