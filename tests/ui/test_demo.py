@@ -1,5 +1,6 @@
 """`make demo` (nbtrain.ui.demo) runs lab 6 (the real SmolLM2) from the repository's notebooks/ folder and
-prints, beside the loss, the held-out accuracy before -> after that the notebook measured, with a few real answers."""
+prints, beside the loss, the held-out accuracy before -> after that the notebook measured, with a few real
+answers."""
 
 from __future__ import annotations
 
