@@ -141,6 +141,7 @@ def main() -> int:
     from nbtrain.examples import write_dataset
 
     flops = [matmul_flops()]
+    print(f"matmul: {flops[0] / 1e9:.0f} GFLOP/s", flush=True)
     with tempfile.TemporaryDirectory(prefix="nbtrain-bench-real-") as d:
         work = Path(d)
         os.environ["NBTRAIN_HOME"] = str(work / "home")
@@ -171,6 +172,7 @@ def main() -> int:
         from nbtrain.control import warm
 
         warm.stop()
+        os.chdir(ROOT)  # the work folder goes away with the block
     flops.append(matmul_flops())
     peak = statistics.median(flops)
     total, trainable = est["total_params"], est["trainable_params"]

@@ -183,3 +183,14 @@ def test_the_real_run_serves_the_openai_client_as_it_generates(gguf_run: Path) -
     finally:
         if not server.reused:
             server.stop()
+
+
+def test_the_estimate_of_the_real_run_counts_what_its_rank_held(gguf_run: Path) -> None:
+    from nbtrain.contract.rundir import RunPaths, read_jsonl
+
+    resolved = json.loads((gguf_run / "resolved.json").read_text())
+    est = resolved["estimate"]
+    end = next(r for r in read_jsonl(RunPaths(gguf_run).system) if r.get("event") == "train_end")
+    assert est["total_params"] == 134_515_008
+    assert end["param_numel_full"] == est["total_params"] + est["trainable_params"]  # base + LoRA
+    assert end["param_bytes"] == est["parts"]["weights"] + est["parts"]["adapters"]  # fp32 on a CPU
