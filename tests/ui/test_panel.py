@@ -212,6 +212,7 @@ def test_model_and_data_boxes_offer_the_model_folders_and_data_files_found_here(
     hub = workdir / "hfcache"
     (hub / "models--org--tiny").mkdir(parents=True)
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(workdir / "no-cache"))  # no fetched example models
     (workdir / "data" / "more.csv").write_text("text\nhello\n")
     (workdir / "data" / "notes.txt").write_text("not data")
     (workdir / "data" / ".hidden.jsonl").write_text("{}\n")
