@@ -216,6 +216,14 @@ def _fetch_config(repo: str, revision: str | None, s: Settings) -> tuple[dict[st
     return config, None
 
 
+def cached_file(repo: str, file: str, revision: str | None = None) -> str | None:
+    """Where ``file`` of Hub repo ``repo`` lies in the local HF cache, or None; asks no server."""
+    from huggingface_hub import try_to_load_from_cache
+
+    hit = try_to_load_from_cache(repo, file, cache_dir=cache_dir(), revision=revision)
+    return hit if isinstance(hit, str) else None
+
+
 def gguf_file(repo: str, file: str, revision: str | None = None) -> tuple[str | None, str | None]:
     """A Hub repo's GGUF file ``file`` (``model: org/x`` + ``gguf_file:``): the repo, revision and file
     checked with one metadata request (nothing downloaded: the worker fetches it, with its bytes shown).
@@ -223,12 +231,11 @@ def gguf_file(repo: str, file: str, revision: str | None = None) -> tuple[str | 
     Returns ``(cached path or None, note)``; the note says why the Hub could not be asked, or that the
     estimate waits for the download. Raises HubProblem for a missing repo, revision or file, a gated or
     private repo, and offline mode without the file cached."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import HfHubHTTPError, RemoteEntryNotFoundError
 
     s = settings()
-    hit = try_to_load_from_cache(repo, file, cache_dir=s.cache_dir, revision=revision)
-    cached = hit if isinstance(hit, str) else None
+    cached = cached_file(repo, file, revision)
     if s.offline:
         if cached is None:
             raise HubProblem(
@@ -440,6 +447,7 @@ __all__ = [
     "HUB_ID",
     "HubProblem",
     "Sample",
+    "cached_file",
     "data_file_for",
     "dataset_sample",
     "gguf_file",

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.gguf import is_gguf
 from nbtrain.control.config.choices import METHODS, OFFLOADS, STRATEGIES, ZERO_STAGES
 
 GiB = 2**30
@@ -1109,15 +1110,13 @@ def load_model_config(
     """
     path = Path(model).expanduser()
     if gguf_file is not None and not path.exists():  # a Hub repo's GGUF file: its header, once downloaded
-        from huggingface_hub import try_to_load_from_cache
-
         from nbtrain.control import hub
 
-        hit = try_to_load_from_cache(str(model), gguf_file, cache_dir=hub.cache_dir(), revision=revision)
-        if not isinstance(hit, str):
+        hit = hub.cached_file(str(model), gguf_file, revision)
+        if hit is None:
             return None
         path = Path(hit)
-    if path.is_file() and path.name.lower().endswith(".gguf"):
+    if path.is_file() and is_gguf(path.name):
         from nbtrain.control import gguf  # the header (numpy); nothing dequantised
 
         try:

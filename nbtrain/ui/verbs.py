@@ -433,13 +433,19 @@ def _serve_in_terminal(result: Any, a: Args) -> int:
         return 0
     # The server belongs to this command (a process that exits stops the servers it started): it
     # serves in the foreground until Ctrl-C, SIGTERM, or `nbtrain serve --stop RUN` elsewhere.
-    print(f"{_served_line(result, key)}; Ctrl-C stops it)", flush=True)
+    # The line is printed inside the try: a Ctrl-C that comes the moment it is read (a script that waits
+    # for it, then interrupts) still stops the server, and one during the stop does not cut the stop short.
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        print(f"{_served_line(result, key)}; Ctrl-C stops it)", flush=True)
         while result.alive():
             time.sleep(0.5)
     except (KeyboardInterrupt, _Terminated):
-        print(f"stopped the server of {run_id} ({result.stop()})", flush=True)
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            print(f"stopped the server of {run_id} ({result.stop()})", flush=True)
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
