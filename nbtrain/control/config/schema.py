@@ -799,8 +799,8 @@ def _check_train(train: dict[str, Any], precision: Any, probs: _Problems, object
             elif value and precision not in ("auto", key):
                 probs.add(("train", key), f"conflicts with precision: {precision}; set only precision: {key}")
             continue
-        if key == "per_device_train_batch_size" and value == "auto":
-            continue  # the planner picks the largest micro-batch that fits (see plan.py)
+        if key in ("per_device_train_batch_size", "gradient_checkpointing") and value == "auto":
+            continue  # the planner picks the largest micro-batch that fits / checkpointing when needed
         msg = trainargs.check_key(key, objective)
         home = _home_of(key, ("train",), objective) if msg and key not in trainargs.RENAMED else None
         if home is not None:

@@ -8,13 +8,14 @@ model (with a freshly initialised LoRA adapter for lora/qlora) as resolved.json 
 trainer; train() runs it with the run-directory callback, resuming from the checkpoint resolved.json
 names, and saves the result to RUN_DIR/output (complete or absent); cleanup() closes the metric files.
 
-The trainer is SFTTrainer with one change, measured (bench/bench_llamafactory.py): when a batch's full
-logits are small (``LOGITS_BYTES``), the loss is the model's own (the Trainer's compute_loss) and the
-entropy / token-accuracy metrics come from those logits, instead of TRL's chunked LM-head kernel, which
-on a CPU scores every position through a custom autograd function and costs ~3 ms a step more on the
-tiny model (12 vs 9 ms). Big-vocabulary batches (the kernel's reason to exist: it never builds the
-logits) and everything TRL's own path handles specially (a notebook loss, label smoothing, DFT,
-MoE aux loss, sequence/context parallelism) keep TRL's path.
+The trainer is SFTTrainer with one change, measured (bench/bench_llamafactory.py, bench/bench_real.py):
+when a batch's full logits are small enough (``LOGITS_BYTES``: on a CPU up to 1 GiB), the loss is the
+model's own (the Trainer's compute_loss) and the entropy / token-accuracy metrics come from those logits,
+instead of TRL's chunked LM-head kernel, which on a CPU scores every position through a custom autograd
+function and costs ~3 ms a step more on the tiny model (12 vs 9 ms) and ~10% of a SmolLM2-135M step.
+Bigger batches (the kernel's reason to exist: it never builds the logits) and everything TRL's own
+path handles specially (a notebook loss, label smoothing, DFT, MoE aux loss, sequence/context
+parallelism) keep TRL's path.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from nbtrain.worker.masks import needs_own_masks, with_assistant_masks
 from nbtrain.worker.model import load_model, loraplus_optimizer, save_initial_adapter
 from nbtrain.worker.recipes.common import Recipe
 
-LOGITS_BYTES = 64 * 2**20  # a batch's float32 logits up to this size are built whole
+# A batch's float32 logits up to this size are built whole (the estimate counts them whole anyway). On a
+# CPU, RAM is plenty and TRL's chunked kernel is the slower path at any vocabulary (SmolLM2, vocab 49,152,
+# 8 x ~60 tokens, 94 MB of logits: ~3.2-3.6 s a step against 3.6-4.1 s, 2 cores); on an accelerator its
+# chunking keeps memory down, so only small batches there.
+LOGITS_BYTES = {"cpu": 2**30}
+LOGITS_BYTES_ELSEWHERE = 64 * 2**20
 
 
 class SFTRecipe(Recipe):
@@ -78,7 +84,8 @@ def sft_trainer() -> type:
             ):
                 return False
             vocab = model.config.get_text_config().vocab_size  # (ZeRO-3 weights are empty here)
-            return ids.numel() * vocab * 4 <= LOGITS_BYTES
+            cap = LOGITS_BYTES.get(ids.device.type, LOGITS_BYTES_ELSEWHERE)
+            return ids.numel() * vocab * 4 <= cap
 
         def compute_loss(
             self,

@@ -137,6 +137,45 @@ def test_micro_batch_auto_never_exceeds_the_batch_asked(
     assert f"keeps the effective batch at {batch} (asked {batch})" in " ".join(prep.plan.reasons)
 
 
+@pytest.mark.parametrize(
+    ("hardware", "model", "method", "batch", "want"),
+    [
+        (hw(A100), "Qwen2.5-0.5B", "lora", 2, False),  # room to spare: the faster step
+        (hw(RTX4090), "Meta-Llama-3-8B", "qlora", 4, True),  # 4 x 1024 tokens only fit recomputed
+    ],
+)
+def test_gradient_checkpointing_left_out_is_on_only_when_the_run_needs_it(
+    workdir: Path, hardware: Hardware, model: str, method: str, batch: int, want: bool
+) -> None:
+    import nbtrain
+
+    for train in (f", per_device_train_batch_size: {batch}", f", per_device_train_batch_size: {batch}, "
+                  "gradient_checkpointing: auto"):  # fmt: skip
+        prep = nbtrain.prepare(real_model(model, method, train=train), hardware=hardware)
+        assert prep.plan.fits, prep.plan.fit_advice
+        assert prep.train_args["gradient_checkpointing"] is want
+        assert prep.plan.estimate is not None
+        assert prep.plan.estimate["inputs"]["gradient_checkpointing"] is want  # the estimate is of that run
+        why = next(r for r in prep.plan.reasons if r.startswith("gradient_checkpointing"))
+        assert ("would not fit" in why) is want and ("third more compute" in why) is not want
+
+
+def test_gradient_checkpointing_given_is_kept_and_named_when_it_does_not_fit(workdir: Path) -> None:
+    import nbtrain
+
+    on = nbtrain.prepare(
+        real_model("Qwen2.5-0.5B", "lora", train=", gradient_checkpointing: true"), hardware=hw(A100)
+    )
+    assert on.train_args["gradient_checkpointing"] is True and on.plan.gradient_checkpointing is None
+    off = nbtrain.prepare(
+        real_model("Meta-Llama-3-8B", "qlora", train=", per_device_train_batch_size: 4, "
+                   "gradient_checkpointing: false"),
+        hardware=hw(RTX4090),
+    )  # fmt: skip
+    assert off.train_args["gradient_checkpointing"] is False and not off.plan.fits
+    assert "Smallest change that fits: gradient_checkpointing: true" in off.plan.fit_advice
+
+
 def test_a_run_that_cannot_fit_is_refused_with_the_smallest_change(workdir: Path) -> None:
     import nbtrain
     from nbtrain.contract.errors import NbtrainError
