@@ -45,3 +45,9 @@ class RunNotFound(NbtrainError):
 
 class RunFailed(NbtrainError):
     """Raised by ``Run.wait()`` when the run ended in ``failed``."""
+
+
+class RowError(ValueError):
+    """A data row does not match its format; the message says what is wrong with it and how to fix it
+    (``nbtrain.contract.formats`` and the modules it uses raise it; the kernel and the worker name the
+    row)."""

@@ -20,8 +20,11 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from nbtrain.contract import formats_peers as peers
+from nbtrain.contract.errors import RowError
 from nbtrain.contract.images import ImageRowError, flatten, has_images, to_parts
 from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
+from nbtrain.contract.tools import conversation, normalise_tools
 
 # Data files by suffix -> the `datasets` builder that reads them (the one table; the check, the loader and
 # the eval job all look here).
@@ -39,6 +42,13 @@ CANONICAL_COLUMNS = {
     "label": "whether the completion is desirable (true/false)",
     "messages": "a conversation (list of {role, content})",
     "conversations": "a sharegpt conversation",
+    "conversation": "ms-swift's conversation ([{human, assistant}, ...])",
+    "history": "earlier turns of an alpaca / query-response row ([[query, response], ...])",
+    "query": "a single turn's prompt (ms-swift)",
+    "response": "a single turn's answer (ms-swift)",
+    "tools": "the functions a conversation may call (JSON schemas, a list or a JSON string)",
+    "kto_tag": "whether a conversation's last answer is desirable (KTO)",
+    "rejected_response": "the other answer to a conversation's last turn (ms-swift DPO)",
     "text": "plain text",
     "instruction": "an alpaca instruction",
     "input": "an alpaca input",
@@ -48,16 +58,6 @@ CANONICAL_COLUMNS = {
     "image": "the row's one image",
 }
 
-_SHAREGPT_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "system": "system",
-    "model": "assistant",
-    "chatgpt": "assistant",
-    "bing": "assistant",
-}
 _ROLES = ("system", "user", "assistant", "tool")
 
 FORMAT_HELP = {
@@ -70,10 +70,6 @@ FORMAT_HELP = {
     "prompt": '{"prompt": "..."} or {"prompt": [{"role": "user", "content": "..."}]}, plus any columns '
     "your reward functions read",
 }
-
-
-class RowError(ValueError):
-    """A row does not match the format; the message says what is wrong with it."""
 
 
 # The longest line of a JSON-lines file nbtrain reads (the kernel's check and the worker's loader): a longer
@@ -114,25 +110,35 @@ def detect_format(row: Mapping[str, Any], objective: str = "sft") -> str | None:
             if _looks_like(row, fmt):
                 return fmt
         return None
-    if "messages" in row:
+    key = peers.first_conversation_key(row)
+    if key == "messages":
         return "messages"
-    if "conversations" in row:
+    if key == "conversations":
         conv = row["conversations"]
         if isinstance(conv, list) and conv and isinstance(conv[0], Mapping) and "role" in conv[0]:
             return "messages"
+        return "sharegpt"
+    if key == "conversation":
         return "sharegpt"
     if "instruction" in row and "output" in row:
         return "alpaca"
     if "text" in row:
         return "text"
+    # The aliases of a single turn, only for rows that are no other objective's data (formats_peers).
+    if not (peers.looks_preference(row) or peers.looks_unpaired(row)):
+        try:
+            if peers.single_turn_keys(row) is not None:
+                return "alpaca"
+        except RowError:
+            return "alpaca"  # two names compete: to_example says which
     return None
 
 
 def _looks_like(row: Mapping[str, Any], fmt: str) -> bool:
     if fmt == "preference":
-        return "chosen" in row and "rejected" in row
+        return peers.looks_preference(row)
     if fmt == "unpaired":
-        return "completion" in row and "label" in row
+        return peers.looks_unpaired(row)
     if fmt == "prompt":
         return "prompt" in row
     return detect_format(row) == fmt
@@ -208,6 +214,8 @@ def to_example(row: Mapping[str, Any], fmt: str, *, vision: bool | None = False)
     example = _to_example(flat, fmt)
     if not with_images:
         return example
+    if "tools" in example:
+        raise RowError("rows with tools are trained on text models only here; drop the tools or the images")
     if "text" in example:
         raise RowError(
             f"{fmt} rows cannot hold images; a vision-language model trains on conversations (messages, "
@@ -237,38 +245,17 @@ def _to_example(row: Mapping[str, Any], fmt: str) -> dict[str, Any]:
             raise RowError("field 'text' is empty")
         return {"text": text}
     if fmt == "alpaca":
-        instruction = _str_field(row, "instruction")
-        extra = _str_field(row, "input", required=False)
-        output = _str_field(row, "output")
-        system = _str_field(row, "system", required=False)
-        prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
-        msgs = [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
-        if system.strip():
-            msgs.insert(0, {"role": "system", "content": system})
-        return {"messages": msgs}
-    if fmt == "sharegpt":
-        conv = row.get("conversations")
-        if not isinstance(conv, list) or not conv:
-            raise RowError("field 'conversations' must be a non-empty list")
-        msgs = []
-        for i, turn in enumerate(conv):
-            if not isinstance(turn, Mapping) or "from" not in turn or "value" not in turn:
-                raise RowError(f"conversations[{i}] must have 'from' and 'value'")
-            role = _SHAREGPT_ROLES.get(str(turn["from"]).lower())
-            if role is None:
-                raise RowError(
-                    f"conversations[{i}].from={turn['from']!r} is not one of {sorted(_SHAREGPT_ROLES)}"
-                )
-            if not isinstance(turn["value"], str):
-                raise RowError(f"conversations[{i}].value must be a string")
-            msgs.append({"role": role, "content": turn["value"]})
-        return {"messages": _check_messages(msgs, "conversations")}
-    if fmt == "messages":
-        key = "messages" if "messages" in row else "conversations"
-        items = row.get(key)
-        if not isinstance(items, list) or not items:
-            raise RowError(f"field {key!r} must be a non-empty list of {{role, content}} objects")
-        return {"messages": _check_messages(items, key)}
+        keys = peers.single_turn_keys(row)
+        if keys is None:  # the field that is missing is named
+            keys = (next((k for k in peers.QUERY_KEYS if row.get(k) is not None), "instruction"), "output")
+        return {"messages": _check_messages(peers.single_turn(row, keys), "messages")}
+    if fmt in ("sharegpt", "messages"):
+        key = peers.conversation_key(row)
+        if key is None:
+            want = "messages" if fmt == "messages" else "conversations"
+            raise RowError(f"field {want!r} is missing (its fields: {sorted(row)})")
+        _key, turns = peers.turns_of(row)
+        return _with_tools(row, _check_messages(turns, key, tools=_row_tools(row)))
     if fmt == "preference":
         return _preference(row)
     if fmt == "unpaired":
@@ -287,7 +274,15 @@ def _turns(value: Any, key: str, *, last_assistant: bool | None = None) -> list[
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
             raise RowError(f"{key}[{i}] must have 'role' and 'content'")
         if m["role"] not in _ROLES:
-            raise RowError(f"{key}[{i}].role={m['role']!r} is not one of {list(_ROLES)}")
+            raise RowError(
+                f"{key}[{i}].role={m['role']!r} is not one of {list(_ROLES)}; rename the role, or drop "
+                f"the turn"
+            )
+        if m.get("tool_calls") or m.get("function_call"):
+            raise RowError(
+                f"{key}[{i}] calls a tool; preference and KTO rows with tool calls are not trained here yet "
+                f"(train the tool use with objective: sft)"
+            )
         if not isinstance(m["content"], str):
             raise RowError(f"{key}[{i}].content must be a string")
         out.append({"role": str(m["role"]), "content": m["content"]})
@@ -336,6 +331,7 @@ def _prompt(row: Mapping[str, Any], key: str, *, required: bool) -> Any:
 
 
 def _preference(row: Mapping[str, Any]) -> dict[str, Any]:
+    row = peers.preference_row(row)
     # TRL extracts an implicit prompt (the shared start of chosen and rejected) when there is no prompt.
     prompt = _prompt(row, "prompt", required=False) if "prompt" in row else None
     if "prompt" in row and row["prompt"] is None:
@@ -363,6 +359,7 @@ def _label(v: Any) -> bool:
 
 
 def _unpaired(row: Mapping[str, Any]) -> dict[str, Any]:
+    row = peers.unpaired_row(row)
     prompt = _prompt(row, "prompt", required=True)
     completion = _answer(row, "completion", isinstance(prompt, list))
     return {"prompt": prompt, "completion": completion, "label": _label(row.get("label"))}
@@ -373,8 +370,22 @@ def is_conversational(example: Mapping[str, Any]) -> bool:
     return any(isinstance(example.get(k), list) for k in ("messages", "prompt", "chosen", "completion"))
 
 
-def _check_messages(msgs: list[Any], key: str) -> list[dict[str, str]]:
-    out = _turns(msgs, key)
+def _row_tools(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if row.get("tools") and row.get("functions"):
+        raise RowError("it has both 'tools' and 'functions' (OpenAI's older name for them); keep one")
+    key = "functions" if row.get("functions") else "tools"
+    return normalise_tools(row.get(key), key)
+
+
+def _with_tools(row: Mapping[str, Any], msgs: list[dict[str, Any]]) -> dict[str, Any]:
+    tools = _row_tools(row)
+    return {"messages": msgs, "tools": tools} if tools else {"messages": msgs}
+
+
+def _check_messages(
+    msgs: list[Any], key: str, *, tools: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    out = conversation(msgs, key, tools or [])
     if not any(m["role"] == "assistant" for m in out):
         raise RowError(f"{key} has no assistant turn, so there is nothing to learn")
     return out

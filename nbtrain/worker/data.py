@@ -9,6 +9,7 @@ does the same lazily, so rows are read as training consumes them.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -67,8 +68,6 @@ def check_lines(location: str) -> None:
     ``datasets`` reads it: its JSON reader takes invalid UTF-8 silently (and fails only when a row is used,
     far from the file) and dies on a row nested 100k deep. One pass at readline speed; only a line with
     over ``_BRACKETS`` brackets is parsed here."""
-    import json
-
     name = os.path.basename(location)
     try:
         for lineno, line in jsonl_lines(location):
@@ -89,8 +88,6 @@ def check_lines(location: str) -> None:
 def unreadable(location: str, kind: str, error: BaseException) -> str:
     """What to say when ``datasets`` cannot read a local file: the file, for JSON lines the first line that
     is not JSON, and the underlying cause (datasets wraps it in its own error)."""
-    import json
-
     cause: BaseException = error
     while cause.__cause__ is not None or cause.__context__ is not None:
         cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
@@ -155,6 +152,7 @@ def convert(
             )
         fmt = detected
     use = fmt
+    rich = objective == "sft" and fmt in CONVERSATIONAL and not vision
 
     def one(row: dict[str, Any], idx: int) -> dict[str, Any]:
         try:
@@ -163,6 +161,9 @@ def convert(
             raise DataError(f"row {idx + 1}{where} is not valid {use} data ({e}): {show_row(row)}") from None
         if vision:
             example["images"] = [image_entry(ref, base, f"row {idx + 1}{where}") for ref in example["images"]]
+        elif rich:
+            tools = example.get("tools")
+            example["tools"] = json.dumps(tools, ensure_ascii=False) if tools else None
         return example
 
     # A streamed dataset may not know its columns before it is read: the first row does.
@@ -171,7 +172,24 @@ def convert(
     kwargs: dict[str, Any] = {} if is_streaming(ds) else {"desc": None}
     if vision:
         kwargs["features"] = vision_features(fmt)
+    elif rich:
+        kwargs["features"] = conversation_features()
     return ds.map(one, with_indices=True, remove_columns=remove, **kwargs), fmt
+
+
+# SFT formats whose rows become conversations (``messages``, and ``tools`` when the row has any).
+CONVERSATIONAL = ("messages", "alpaca", "sharegpt")
+
+
+def conversation_features() -> Any:
+    """The columns of an SFT run's conversational rows. Each message is stored as JSON (``datasets.Json``):
+    a tool call's arguments differ from row to row, and a message's keys from turn to turn (``tool_calls``,
+    ``name``, ``tool_call_id``, ``train``), which one Arrow struct type cannot hold. ``tools`` is the row's
+    function schemas as a JSON string, or null (TRL's SFTTrainer parses it and hands it to
+    ``apply_chat_template(tools=...)``; so does ``masks.py``)."""
+    import datasets
+
+    return datasets.Features({"messages": datasets.List(datasets.Json()), "tools": datasets.Value("string")})
 
 
 def vision_features(fmt: str) -> Any:

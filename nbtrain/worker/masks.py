@@ -13,6 +13,7 @@ would give them with generation blocks), and TRL builds the labels from the mask
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -35,17 +36,30 @@ def needs_own_masks(tok: Any) -> bool:
     return False
 
 
-def assistant_spans(tok: Any, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
-    """The conversation as the template renders it, and the character spans of its assistant turns."""
-    full = tok.apply_chat_template(messages, tokenize=False)
+def _tools(tools: Any) -> Any:
+    """A row's ``tools`` as ``apply_chat_template`` takes them (the loader stores a JSON string), or None."""
+    if isinstance(tools, str):
+        tools = json.loads(tools)
+    return tools or None
+
+
+def assistant_spans(
+    tok: Any, messages: list[dict[str, Any]], tools: Any = None
+) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation as the template renders it (with the row's ``tools``), and the character spans of
+    its assistant turns."""
+    tools = _tools(tools)
+    full = tok.apply_chat_template(messages, tools=tools, tokenize=False)
     spans: list[tuple[int, int]] = []
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
         before = (
-            tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+            tok.apply_chat_template(messages[:i], tools=tools, tokenize=False, add_generation_prompt=True)
+            if i
+            else ""
         )
-        upto = tok.apply_chat_template(messages[: i + 1], tokenize=False)
+        upto = tok.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False)
         if not (full.startswith(upto) and upto.startswith(before)):
             raise TemplateMaskError(
                 f"the chat template does not render the conversation up to turn {i + 1} as the start of the "
@@ -58,8 +72,8 @@ def assistant_spans(tok: Any, messages: list[dict[str, Any]]) -> tuple[str, list
     return full, spans
 
 
-def tokenise_with_masks(tok: Any, messages: list[dict[str, Any]]) -> dict[str, list[int]]:
-    full, spans = assistant_spans(tok, messages)
+def tokenise_with_masks(tok: Any, messages: list[dict[str, Any]], tools: Any = None) -> dict[str, list[int]]:
+    full, spans = assistant_spans(tok, messages, tools)
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
     mask = [int(any(s < b and e > a for a, b in spans)) for s, e in enc["offset_mapping"]]
     return {"input_ids": list(enc["input_ids"]), "assistant_masks": mask}
@@ -79,7 +93,7 @@ def with_assistant_masks(ds: Any, tok: Any) -> Any:
 
     def one(row: dict[str, Any], idx: int) -> dict[str, list[int]]:
         try:
-            out = tokenise_with_masks(tok, row["messages"])
+            out = tokenise_with_masks(tok, row["messages"], row.get("tools"))
         except TemplateMaskError as e:
             raise ValueError(f"row {idx + 1}: {e}") from None
         if 1 not in out["assistant_masks"]:

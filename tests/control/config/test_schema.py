@@ -114,7 +114,8 @@ def test_rows_matching_no_format_show_the_offending_row(workdir: Path) -> None:
     (workdir / "data" / "odd.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = problems(lora_yaml().replace("data/add.jsonl", "data/odd.jsonl"))
     assert "row 2" in out[0] and '"question": "what?"' in out[0]
-    (workdir / "data" / "odd2.jsonl").write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    # ({"question", "answer"} is ms-swift's single turn now, an alpaca row: contract/formats_peers.py)
+    (workdir / "data" / "odd2.jsonl").write_text(json.dumps({"ask": "q", "reply": "a"}) + "\n")
     out = problems(lora_yaml().replace("data/add.jsonl", "data/odd2.jsonl"))
     assert "matches no known format" in out[0] and "instruction" in out[0]
 
