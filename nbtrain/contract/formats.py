@@ -386,6 +386,19 @@ def _check_messages(
     msgs: list[Any], key: str, *, tools: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
     out = conversation(msgs, key, tools or [])
+    for i, m in enumerate(out):
+        if m.get("train") and m["role"] != "assistant":
+            raise RowError(
+                f"{key}[{i}] is a {m['role']} turn marked to train (loss: true / weight: 1); only assistant "
+                f"turns are trained on, so drop the flag"
+            )
+    if any(m["role"] == "assistant" for m in out) and all(
+        m.get("train") is False for m in out if m["role"] == "assistant"
+    ):
+        raise RowError(
+            f"every assistant turn of {key} is marked not to train (loss: false / weight: 0), so there is "
+            f"nothing to learn; mark one to train or drop the row"
+        )
     if not any(m["role"] == "assistant" for m in out):
         raise RowError(f"{key} has no assistant turn, so there is nothing to learn")
     return out

@@ -9,6 +9,13 @@ must learn to stop), the whitespace after it not. That holds for any template th
 as the prefix of its continuation, which is checked for each row: one that does not is refused by row.
 The rows are then tokenised once here (``input_ids`` + ``assistant_masks``, as TRL's own preparation
 would give them with generation blocks), and TRL builds the labels from the masks.
+
+Per-message loss flags (ms-swift's ``"loss": false|true``, OpenAI's ``"weight": 0|1``; a message's
+``train`` once ``contract/formats`` has read it): only the assistant turns marked to train are in the mask,
+a turn with no flag trains as usual. A dataset whose rows carry such flags is trained on its assistant
+turns only, with these masks whatever the template (``own_masks``): that is what the flags mean in ms-swift
+and OpenAI's fine-tuning, where a user turn is never trained on either. A run whose ``train:`` says
+``assistant_only_loss: false`` (every token) with flagged rows is refused: the two cannot both hold.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ def assistant_spans(
     full = tok.apply_chat_template(messages, tools=tools, tokenize=False)
     spans: list[tuple[int, int]] = []
     for i, m in enumerate(messages):
-        if m.get("role") != "assistant":
+        if m.get("role") != "assistant" or m.get("train") is False:
             continue
         before = (
             tok.apply_chat_template(messages[:i], tools=tools, tokenize=False, add_generation_prompt=True)
@@ -85,6 +92,8 @@ def with_assistant_masks(ds: Any, tok: Any) -> Any:
     if ds is None:
         return None
     names = list(ds.column_names or [])
+    if "input_ids" in names and "assistant_masks" in names:
+        return ds  # tokenised here already
     if "messages" not in names:
         raise ValueError(
             "assistant_only_loss: true needs conversational rows (messages); these rows have "
@@ -103,10 +112,52 @@ def with_assistant_masks(ds: Any, tok: Any) -> Any:
     return ds.map(one, with_indices=True, remove_columns=names)
 
 
+# The rows of a stream looked at for loss flags (a stream is read once, as it trains).
+FLAG_ROWS = 1000
+
+
+def has_turn_flags(ds: Any) -> bool:
+    """Whether some row's message carries a loss flag (``train``): every row of a dataset, the first
+    ``FLAG_ROWS`` of a stream."""
+    import itertools
+
+    import datasets
+
+    if ds is None or "messages" not in (ds.column_names or []):
+        return False
+    streaming = isinstance(ds, datasets.IterableDataset)
+    rows = itertools.islice(ds, FLAG_ROWS) if streaming else ds.select_columns(["messages"])
+    return any(any(isinstance(m, dict) and "train" in m for m in row["messages"]) for row in rows)
+
+
+def own_masks(assistant_only_loss: bool, train_cfg: dict[str, Any], tok: Any, ds: Any) -> str | None:
+    """Why an SFT run's masks come from here (the log's line), or None when TRL makes its own (or none).
+    ValueError when the rows' loss flags contradict ``train: assistant_only_loss: false``."""
+    if has_turn_flags(ds):
+        if "assistant_only_loss" in train_cfg and not train_cfg["assistant_only_loss"]:
+            raise ValueError(
+                "the rows mark which turns to train (loss: true/false or weight: 0/1), but train: says "
+                "assistant_only_loss: false (train on every token); remove that setting (flagged rows train "
+                "on their assistant turns marked to train), or drop the flags from the rows"
+            )
+        return (
+            "the rows mark which turns to train (loss / weight): loss on the assistant turns marked to train "
+            "only (assistant_only_loss)"
+        )
+    if assistant_only_loss and needs_own_masks(tok):
+        return (
+            "assistant_only_loss: the chat template has no {% generation %} blocks; the assistant turns are "
+            "found from its rendering instead"
+        )
+    return None
+
+
 __all__ = [
     "TemplateMaskError",
     "assistant_spans",
+    "has_turn_flags",
     "needs_own_masks",
+    "own_masks",
     "tokenise_with_masks",
     "with_assistant_masks",
 ]

@@ -303,3 +303,18 @@ def test_preference_rows_with_tool_calls_are_refused_clearly() -> None:
     }
     with pytest.raises(RowError, match="objective: sft"):
         to_example(row, "preference")
+
+
+@pytest.mark.parametrize(
+    ("turns", "needle"),
+    [
+        ([msg(U, "x", loss=True), msg(A, "y")], "messages[0] is a user turn marked to train"),
+        ([msg(U, "x"), msg(A, "y", weight=0)], "every assistant turn of messages is marked not to train"),
+        ([msg(U, "x"), msg(A, "y", weight=0.5)], "messages[1].weight must be 0 or 1"),
+        ([msg(U, "x"), msg(A, "y", loss="no")], "messages[1].loss must be true or false"),
+    ],
+)
+def test_per_message_loss_flags_are_checked(turns: list, needle: str) -> None:
+    with pytest.raises(RowError, match=None) as ei:
+        to_example({"messages": turns}, "messages")
+    assert needle in str(ei.value)

@@ -79,3 +79,32 @@ def test_the_preview_of_a_smollm2_config_trains_only_the_answers(smollm2: Path, 
     preview = nbtrain.preview(cfg, n=2)
     trained = ["".join(text for text, on in ex["segments"] if on) for ex in preview.examples]
     assert trained == ["I am Nimbus.<|im_end|>", "I am Nimbus.<|im_end|>Acme Labs made me.<|im_end|>"]
+
+
+def test_per_message_loss_flags_zero_the_turns_not_to_train(tiny_model: Path) -> None:
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from nbtrain.contract.formats import to_example
+    from nbtrain.worker.masks import has_turn_flags, own_masks
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    row = {  # ms-swift's loss flag and OpenAI's weight
+        "messages": [
+            {"role": "user", "content": "What is 1 + 1?"},
+            {"role": "assistant", "content": "three", "loss": False},
+            {"role": "user", "content": "Again?"},
+            {"role": "assistant", "content": "two", "weight": 1},
+        ]
+    }
+    msgs = to_example(row, "messages")["messages"]
+    assert [m.get("train") for m in msgs] == [None, False, None, True]
+    out = tokenise_with_masks(tok, msgs)
+    trained = tok.decode([t for t, k in zip(out["input_ids"], out["assistant_masks"], strict=True) if k])
+    assert "two" in trained and "three" not in trained and "Again" not in trained
+    flagged = Dataset.from_list([{"messages": msgs}])
+    assert has_turn_flags(flagged) and not has_turn_flags(Dataset.from_list([{"messages": msgs[:1]}]))
+    assert "loss on the assistant turns marked to train" in (own_masks(False, {}, tok, flagged) or "")
+    with pytest.raises(ValueError, match="assistant_only_loss: false"):
+        own_masks(False, {"assistant_only_loss": False}, tok, flagged)
+    assert own_masks(False, {}, tok, Dataset.from_list([{"messages": msgs[:1]}])) is None

@@ -71,6 +71,16 @@ SFT = {  # file -> (rows, the format nbtrain reads them as)
         [{"question": sums(i)[0], "answer": sums(i)[1], "history": [["Hi", "Hello"]]} for i in range(8)],
         "alpaca",
     ),
+    "swift_loss.jsonl": (  # per-message loss flags: the first answer is not trained on
+        [{"messages": [u("Hi"), a("Whatever.") | {"loss": False}, u(sums(i)[0]),
+                       a(sums(i)[1]) | {"loss": True}]} for i in range(8)],
+        "messages",
+    ),
+    "openai_weight.jsonl": (
+        [{"messages": [u("Hi"), a("Meh.") | {"weight": 0}, u(sums(i)[0]), a(sums(i)[1]) | {"weight": 1}]}
+         for i in range(8)],
+        "messages",
+    ),
 }  # fmt: skip
 
 
@@ -193,3 +203,7 @@ def test_tools_reach_the_chat_template(runs: dict[str, nbtrain.Run]) -> None:
     text = pv.text()
     assert "You may call:" in text and '"name": "weather"' in text
     assert '<call>weather {"city": "Oslo"}</call>' in text and "weather: sunny" in text
+
+
+def test_loss_flags_train_only_the_turns_marked(runs: dict[str, nbtrain.Run]) -> None:
+    assert "the rows mark which turns to train (loss / weight)" in runs["sft"].logs(400)

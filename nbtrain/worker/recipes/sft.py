@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from nbtrain.worker.masks import needs_own_masks, with_assistant_masks
+from nbtrain.worker.masks import own_masks, with_assistant_masks
 from nbtrain.worker.model import load_model, loraplus_optimizer, save_initial_adapter
 from nbtrain.worker.recipes.common import Recipe
 
@@ -43,14 +43,16 @@ class SFTRecipe(Recipe):
         ready = self.prepare(SFTConfig)
         if ready is None:
             return  # a stop came during setup: train() records it
-        if ready.args.assistant_only_loss and needs_own_masks(ready.tokenizer):
-            # a template without {% generation %} blocks that TRL does not know: the masks come from the
-            # template's own rendering (worker/masks.py), and TRL builds the labels from them
+        train_cfg = run.cfg.get("train") or {}
+        why = own_masks(ready.args.assistant_only_loss, train_cfg, ready.tokenizer, ready.train)
+        if why:
+            # a template without {% generation %} blocks that TRL does not know, or rows with per-message
+            # loss flags: the masks come from the template's own rendering (worker/masks.py), and TRL builds
+            # the labels from them
             ready.train = with_assistant_masks(ready.train, ready.tokenizer)
             ready.eval = with_assistant_masks(ready.eval, ready.tokenizer)
             ready.args.assistant_only_loss = False
-            print("nbtrain: assistant_only_loss: the chat template has no {% generation %} blocks; the "
-                  "assistant turns are found from its rendering instead", flush=True)  # fmt: skip
+            print(f"nbtrain: {why}", flush=True)
         model = load_model(run.cfg, run.plan, run.args)  # wrapped in its LoRA adapter for lora/qlora
         save_initial_adapter(model, run.cfg, run.paths.root)  # PiSSA/OLoRA: kept to convert the result
         optimizer = loraplus_optimizer(model, run.cfg, ready.args)
