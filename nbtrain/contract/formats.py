@@ -189,8 +189,17 @@ def _str_field(row: Mapping[str, Any], key: str, *, required: bool = True) -> st
     return v
 
 
-def to_example(row: Mapping[str, Any], fmt: str, *, vision: bool | None = False) -> dict[str, Any]:
+def to_example(
+    row: Mapping[str, Any],
+    fmt: str,
+    *,
+    vision: bool | None = False,
+    tags: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """Normalise one row to ``{"messages": [...]}`` or ``{"text": ...}``; RowError if not ``fmt``.
+
+    ``tags``: a LLaMA-Factory dataset's sharegpt key and role names (its dataset_info.json ``tags``, as
+    ``formats_peers.DEFAULT_TAGS`` names them), for the turns of its conversations.
 
     ``vision`` (a vision-language model's run): every conversational row in TRL's vision layout
     (``{"messages": [content parts], "images": [...]}``, nbtrain.contract.images), text-only rows too;
@@ -201,7 +210,7 @@ def to_example(row: Mapping[str, Any], fmt: str, *, vision: bool | None = False)
     named = has_images(row)
     with_images = vision if vision is not None else named
     if not with_images and not named and not _has_parts(row):
-        return _to_example(row, fmt)
+        return _to_example(row, fmt, tags)
     try:
         flat, refs, leading = flatten(row)
     except ImageRowError as e:
@@ -211,7 +220,7 @@ def to_example(row: Mapping[str, Any], fmt: str, *, vision: bool | None = False)
             f"it has {len(refs)} image(s), which only a vision-language model trains on (a model whose "
             f"config.json has a vision_config, e.g. Qwen2.5-VL, LLaVA, SmolVLM)"
         )
-    example = _to_example(flat, fmt)
+    example = _to_example(flat, fmt, tags)
     if not with_images:
         return example
     if "tools" in example:
@@ -238,7 +247,7 @@ def _has_parts(row: Mapping[str, Any]) -> bool:
     return False
 
 
-def _to_example(row: Mapping[str, Any], fmt: str) -> dict[str, Any]:
+def _to_example(row: Mapping[str, Any], fmt: str, tags: Mapping[str, str] | None = None) -> dict[str, Any]:
     if fmt == "text":
         text = _str_field(row, "text")
         if not text.strip():
@@ -254,12 +263,12 @@ def _to_example(row: Mapping[str, Any], fmt: str) -> dict[str, Any]:
         if key is None:
             want = "messages" if fmt == "messages" else "conversations"
             raise RowError(f"field {want!r} is missing (its fields: {sorted(row)})")
-        _key, turns = peers.turns_of(row)
+        _key, turns = peers.turns_of(row, tags)
         return _with_tools(row, _check_messages(turns, key, tools=_row_tools(row)))
     if fmt == "preference":
-        return _preference(row)
+        return _preference(row, tags)
     if fmt == "unpaired":
-        return _unpaired(row)
+        return _unpaired(row, tags)
     if fmt == "prompt":
         return {"prompt": _prompt(row, "prompt", required=True)}
     raise RowError(f"unknown format {fmt!r}")
@@ -330,8 +339,8 @@ def _prompt(row: Mapping[str, Any], key: str, *, required: bool) -> Any:
     return v
 
 
-def _preference(row: Mapping[str, Any]) -> dict[str, Any]:
-    row = peers.preference_row(row)
+def _preference(row: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> dict[str, Any]:
+    row = peers.preference_row(row, tags)
     # TRL extracts an implicit prompt (the shared start of chosen and rejected) when there is no prompt.
     prompt = _prompt(row, "prompt", required=False) if "prompt" in row else None
     if "prompt" in row and row["prompt"] is None:
@@ -358,8 +367,8 @@ def _label(v: Any) -> bool:
     raise RowError(f"field 'label' must be true (desirable) or false (undesirable), got {v!r}")
 
 
-def _unpaired(row: Mapping[str, Any]) -> dict[str, Any]:
-    row = peers.unpaired_row(row)
+def _unpaired(row: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> dict[str, Any]:
+    row = peers.unpaired_row(row, tags)
     prompt = _prompt(row, "prompt", required=True)
     completion = _answer(row, "completion", isinstance(prompt, list))
     return {"prompt": prompt, "completion": completion, "label": _label(row.get("label"))}
@@ -430,8 +439,10 @@ def check_rows(
     fmt: str,
     objective: str = "sft",
     columns: Mapping[str, str] | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> tuple[str, str | None]:
-    """Check numbered rows against ``fmt`` (or detect it when 'auto') for ``objective``.
+    """Check numbered rows against ``fmt`` (or detect it when 'auto') for ``objective`` (``tags``: see
+    ``to_example``).
 
     Returns ``(format, problem)``: problem is None when every row fits, else one sentence naming the
     first offending row (its number and content) and the formats that were expected.
@@ -450,7 +461,8 @@ def check_rows(
                 return fmt, _no_format(n, row, objective)
             resolved = detected
         try:
-            example = to_example(row, resolved, vision=None)  # images checked as such (the kernel's look)
+            # images checked as such (the kernel's look)
+            example = to_example(row, resolved, vision=None, tags=tags)
         except RowError as e:
             return resolved, f"row {n} is not valid {resolved} data ({e}): {show_row(row)}"
         if resolved in ("preference", "unpaired"):

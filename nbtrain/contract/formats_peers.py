@@ -167,11 +167,21 @@ def turns_of(row: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> t
     value = row[key]
     if key == "conversation":
         turns = pairs_turns(value, key)
-    elif isinstance(value, list) and value and isinstance(value[0], Mapping) and "role" not in value[0]:
+    elif _sharegpt(value, tags):
         turns = sharegpt_turns(value, key, tags)
     else:
         turns = role_turns(value, key)
     return key, with_system(turns, row.get("system"), key)
+
+
+def _sharegpt(value: Any, tags: Mapping[str, str] | None) -> bool:
+    """Whether turns are sharegpt's: ``{from, value}`` turns, or any turns when a dataset gives ``tags``."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and isinstance(value[0], Mapping)
+        and (bool(tags) or "role" not in value[0])
+    )
 
 
 def with_system(turns: list[Any], system: Any, key: str) -> list[Any]:
@@ -248,11 +258,13 @@ def looks_preference(row: Mapping[str, Any]) -> bool:
 def looks_unpaired(row: Mapping[str, Any]) -> bool:
     if "completion" in row and "label" in row:
         return True
+    if "kto_tag" in row and "instruction" in row and "output" in row:  # LLaMA-Factory's alpaca KTO rows
+        return True
     conv = first_conversation_key(row) is not None
     return conv and ("kto_tag" in row or "label" in row)
 
 
-def _one_answer(value: Any, key: str) -> list[Any]:
+def _one_answer(value: Any, key: str, tags: Mapping[str, str] | None = None) -> list[Any]:
     """A preference answer given as one message, a list of them, or a string, as a list of turns."""
     if isinstance(value, str):
         return [{"role": "assistant", "content": value}]
@@ -260,8 +272,8 @@ def _one_answer(value: Any, key: str) -> list[Any]:
         value = [value]
     if not isinstance(value, list) or not value:
         raise RowError(f"field {key!r} must be one assistant message, a list of them, or a string")
-    if isinstance(value[0], Mapping) and "role" not in value[0]:
-        return sharegpt_turns(value, key)
+    if _sharegpt(value, tags):
+        return sharegpt_turns(value, key, tags)
     return value
 
 
@@ -274,8 +286,9 @@ def _no_tools(row: Mapping[str, Any], where: Mapping[str, Any] | None = None) ->
             )
 
 
-def preference_row(row: Mapping[str, Any]) -> Mapping[str, Any]:
-    """nbtrain's ``{prompt?, chosen, rejected}`` from a peer's preference row; other rows as they are."""
+def preference_row(row: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> Mapping[str, Any]:
+    """nbtrain's ``{prompt?, chosen, rejected}`` from a peer's preference row; other rows as they are.
+    ``tags``: a LLaMA-Factory dataset's names of the sharegpt keys and roles (its dataset_info.json)."""
     if "preferred_output" in row or "non_preferred_output" in row:  # OpenAI's preference JSONL
         inp = row.get("input")
         if not isinstance(inp, Mapping) or not isinstance(inp.get("messages"), list):
@@ -305,11 +318,11 @@ def preference_row(row: Mapping[str, Any]) -> Mapping[str, Any]:
         return row
     if first_conversation_key(row) is not None:  # LLaMA-Factory's sharegpt ranking rows
         _no_tools(row)
-        _key, turns = turns_of(row)
+        _key, turns = turns_of(row, tags)
         return {
             "prompt": turns,
-            "chosen": _one_answer(row["chosen"], "chosen"),
-            "rejected": _one_answer(row["rejected"], "rejected"),
+            "chosen": _one_answer(row["chosen"], "chosen", tags),
+            "rejected": _one_answer(row["rejected"], "rejected", tags),
         }
     if "instruction" in row:  # LLaMA-Factory's alpaca ranking rows
         turns = single_turn({**row, "output": ""}, ("instruction", "output"))[:-1]
@@ -323,16 +336,22 @@ def preference_row(row: Mapping[str, Any]) -> Mapping[str, Any]:
     return row
 
 
-def unpaired_row(row: Mapping[str, Any]) -> Mapping[str, Any]:
+def unpaired_row(row: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> Mapping[str, Any]:
     """nbtrain's ``{prompt, completion, label}`` from a conversation with ``kto_tag`` (LLaMA-Factory) or
-    ``label`` (ms-swift): the last assistant turn is the completion judged, the turns before the prompt."""
-    if "completion" in row or first_conversation_key(row) is None:
+    ``label`` (ms-swift): the last assistant turn is the completion judged, the turns before the prompt;
+    and from LLaMA-Factory's alpaca rows with ``kto_tag`` (the output is the completion)."""
+    if "completion" in row:
+        return row
+    if first_conversation_key(row) is None:
+        if "kto_tag" in row and "instruction" in row and "output" in row:
+            turns = single_turn(row, ("instruction", "output"))
+            return {"prompt": turns[:-1], "completion": turns[-1:], "label": row["kto_tag"]}
         return row
     tag = "kto_tag" if "kto_tag" in row else "label"
     if tag not in row:
         return row
     _no_tools(row)
-    key, turns = turns_of(row)
+    key, turns = turns_of(row, tags)
     if not turns or not isinstance(turns[-1], Mapping) or turns[-1].get("role") != "assistant":
         raise RowError(f"{key} must end with the assistant turn that {tag} judges")
     if len(turns) < 2:

@@ -43,11 +43,20 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel
 
 from nbtrain.contract.errors import ConfigError, NbtrainError, Problem
-from nbtrain.contract.formats import FILE_KINDS, FORMAT_HELP, FORMATS, RowError, detect_format, to_example
+from nbtrain.contract.formats import (
+    FILE_KINDS,
+    FORMAT_HELP,
+    FORMATS,
+    RowError,
+    apply_columns,
+    detect_format,
+    to_example,
+)
 from nbtrain.contract.gguf import cache_dir, is_gguf
 from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
 from nbtrain.contract.paths import runs_root
 from nbtrain.control import start as api
+from nbtrain.control.config import datasetinfo
 from nbtrain.control.config.choices import METHODS
 from nbtrain.control.config.datacheck import DataProblem, read_rows
 from nbtrain.control.config.preset import Preset, find_preset
@@ -395,6 +404,15 @@ def panel_fields() -> list[PanelField]:
             "folder, or a Hub dataset id",
         ),
         PanelField(
+            "data.dataset",
+            "text",
+            "Data",
+            "Dataset name",
+            placeholder="only for a dataset_info.json",
+            help="a dataset named in the LLaMA-Factory dataset_info.json that Training data points at (or "
+            "its folder): its file, columns and tags are read from there",
+        ),
+        PanelField(
             "data.format",
             "choice",
             "Data",
@@ -670,15 +688,24 @@ def _section(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
     """The first ``n`` training rows of ``cfg`` normalised as the worker will, and chat-templated."""
     data = _section(cfg, "data")
-    spec, fmt = data.get("train"), data.get("format", "auto")
+    spec, fmt, dataset = data.get("train"), data.get("format", "auto"), data.get("dataset")
     note = None
     if isinstance(spec, list) and spec and isinstance(spec[0], Mapping):
         # Several sources: the first one's rows (the token-exact preview of the mix is %finetune preview).
         note = f"the first of {len(spec)} sources"
-        fmt = spec[0].get("format") or fmt
-        spec = spec[0].get("path")
+        first: Mapping[str, Any] = spec[0]
+        fmt = first.get("format") or fmt
+        spec, dataset = first.get("path"), first.get("dataset")
     if not isinstance(spec, str) or not spec.strip():
         return Preview(note="set data.train to see its first rows here")
+    columns: dict[str, str] | None = None
+    tags: dict[str, str] | None = None
+    if isinstance(dataset, str) and dataset:  # a LLaMA-Factory dataset: its file, columns and tags
+        try:
+            entry = datasetinfo.resolve(spec, dataset, base)
+        except (datasetinfo.InfoProblem, OSError) as e:
+            return Preview(note=f"no preview: {e}")
+        spec, columns, tags = entry.spec, entry.columns, entry.tags
     objective = cfg.get("objective", "sft")
     objective = objective if isinstance(objective, str) and objective in OBJECTIVES else "sft"
     path = _resolve(spec, base)
@@ -710,13 +737,21 @@ def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
                 f"{model} is not a local directory: the chat template is shown once the model is on disk"
             )
     for number, row in raw:
+        renamed = None
+        if columns and isinstance(row, Mapping):
+            try:
+                row = apply_columns(row, columns)
+            except RowError as e:
+                renamed = str(e)
         use = fmt if fmt in FORMATS else (detect_format(row, objective) if isinstance(row, Mapping) else None)
         item = PreviewRow(number, use or "?")
-        if use is None:
+        if renamed is not None:
+            item.error = renamed
+        elif use is None:
             item.error = "matches no known format"
         else:
-            try:
-                item.example = to_example(row, use, vision=None)  # image rows as a vision model sees them
+            try:  # image rows as a vision model sees them
+                item.example = to_example(row, use, vision=None, tags=tags)
             except RowError as e:
                 item.error = str(e)
             if item.example and item.example.get("images"):

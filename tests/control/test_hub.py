@@ -180,6 +180,25 @@ def test_hub_dataset_rows_are_checked_for_the_split_and_data_files_asked(
     assert "dataset org/gated-data is gated" in str(e.value) and "HF_TOKEN" in str(e.value)
 
 
+def test_a_dataset_info_entrys_hf_hub_url_and_split_are_the_hub_dataset_read(
+    hub_env: HubServer, workdir: Path
+) -> None:
+    info = {"add": {"hf_hub_url": "org/add", "split": "test"}, "nothing": {"hf_hub_url": "org/none"}}
+    (workdir / "dataset_info.json").write_text(json.dumps(info))
+    prep = prepare(lora_config("./tiny-llama", train="dataset_info.json, dataset: add"))
+    src = prep.to_dict()["data"]["sources"][0]
+    assert (src["location"], src["kind"], src["split"], src["format"]) == (
+        "org/add",
+        "hub",
+        "test",
+        "messages",
+    )
+    assert src["sample_rows"] == 5 and src["dataset"] == "add"
+    with pytest.raises(ConfigError) as e:
+        prepare(lora_config("./tiny-llama", train="dataset_info.json, dataset: nothing"))
+    assert "org/none" in str(e.value)
+
+
 def test_an_unreachable_hub_leaves_a_reason_instead_of_an_estimate(
     hub_env: HubServer, workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,6 +25,7 @@ from nbtrain.contract.formats import (
     to_example,
 )
 from nbtrain.contract.images import ImageRowError, describe, has_images, image_source
+from nbtrain.control.config.datasetinfo import looks_like_info, names_hint, read_info
 
 SAMPLE_ROWS = 1000
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -44,6 +45,11 @@ class DataSource:
     data_files: str | list[str] | None = None  # a hub dataset: which of its files
     images: int = 0  # images the sampled rows name (a vision-language model's data)
     images_per_row: int = 0  # the most one sampled row names
+    # a dataset of a LLaMA-Factory dataset_info.json (datasetinfo.py): its name, the json, and the sharegpt
+    # key and role names its rows are read with (columns, split and the file above are its resolved facts)
+    dataset: str | None = None
+    dataset_info: str | None = None
+    tags: dict[str, str] | None = None
 
 
 class DataProblem(ValueError):
@@ -210,12 +216,14 @@ def read_rows(path: Path, kind: str, n: int) -> list[tuple[int, Any]]:
     return list(itertools.islice(_READERS[kind](path), n))
 
 
-def _one_sided_labels(rows: list[tuple[int, Any]], columns: dict[str, str] | None) -> bool | None:
+def _one_sided_labels(
+    rows: list[tuple[int, Any]], columns: dict[str, str] | None, tags: dict[str, str] | None = None
+) -> bool | None:
     """The single label every unpaired row carries, or None when both kinds occur."""
     seen = set()
     for _, row in rows:
         try:
-            seen.add(to_example(apply_columns(row, columns), "unpaired")["label"])
+            seen.add(to_example(apply_columns(row, columns), "unpaired", tags=tags)["label"])
         except RowError:
             return None  # check_rows has passed these rows; nothing more to say
     return seen.pop() if len(seen) == 1 else None
@@ -231,16 +239,23 @@ def inspect_data(
     split: str | None = None,
     data_files: str | list[str] | None = None,
     preprocess: RowHook | None = None,
+    tags: dict[str, str] | None = None,
 ) -> DataSource:
     """Find ``spec`` (a path or a hub id), read a sample and check its format for ``objective``
-    (after ``preprocess`` and renaming ``columns``); raise DataProblem."""
+    (after ``preprocess`` and renaming ``columns``; ``tags``: sharegpt names, formats.to_example); raise
+    DataProblem."""
     path = Path(spec).expanduser()
     if not path.is_absolute():
         path = (base / path).resolve()
     if not path.exists():
         if _HUB_ID.match(spec) and Path(spec).suffix.lower() not in FILE_KINDS:
-            return _inspect_hub(spec, fmt, objective, columns, split, data_files)
+            return _inspect_hub(spec, fmt, objective, columns, split, data_files, tags)
         raise DataProblem(f"data file not found: {path}{_close_files(path)}")
+    if looks_like_info(path):
+        raise DataProblem(
+            f"{path.name} is LLaMA-Factory's index of datasets, not rows: name the dataset to train on with "
+            f"data: dataset: ({names_hint(read_info(path))})"
+        )
     if path.is_dir():
         kind = "disk"
     else:
@@ -260,13 +275,14 @@ def inspect_data(
         if preprocess.fn is None:
             return DataSource(spec, str(path), kind, fmt, len(rows))  # the worker checks them after it
         rows = preprocess.apply(rows, path.name)
-    resolved, problem = check_rows(rows, fmt, objective, columns)
+    resolved, problem = check_rows(rows, fmt, objective, columns, tags)
     if problem:
         raise DataProblem(f"{path.name}: {problem}")
-    images, most = check_images(rows, resolved, columns, path.parent if kind != "disk" else path, path.name)
+    folder = path.parent if kind != "disk" else path
+    images, most = check_images(rows, resolved, columns, folder, path.name, tags)
     if resolved == "unpaired" and len(rows) < SAMPLE_ROWS:
         # Only when the whole file was read: a sample of a sorted file can hold one label by chance.
-        only = _one_sided_labels(rows, columns)
+        only = _one_sided_labels(rows, columns, tags)
         if only is not None:
             raise DataProblem(
                 f"{path.name}: all {len(rows)} rows have label {str(only).lower()}; KTO learns from both "
@@ -280,7 +296,12 @@ CHECK_IMAGES = 64
 
 
 def check_images(
-    rows: list[tuple[int, Any]], fmt: str, columns: dict[str, str] | None, base: Path, name: str
+    rows: list[tuple[int, Any]],
+    fmt: str,
+    columns: dict[str, str] | None,
+    base: Path,
+    name: str,
+    tags: dict[str, str] | None = None,
 ) -> tuple[int, int]:
     """(how many images the sampled rows name, the most in one row); the first CHECK_IMAGES are opened
     with Pillow, and one that is missing or cannot be decoded is a DataProblem naming its row and file.
@@ -289,7 +310,7 @@ def check_images(
     for n, row in rows:
         if not (isinstance(row, dict) and has_images(apply_columns(row, columns))):
             continue
-        refs = to_example(apply_columns(row, columns), fmt, vision=True)["images"]
+        refs = to_example(apply_columns(row, columns), fmt, vision=True, tags=tags)["images"]
         found += len(refs)
         most = max(most, len(refs))
         for ref in refs:
@@ -334,6 +355,7 @@ def _inspect_hub(
     columns: dict[str, str] | None,
     split: str | None,
     data_files: str | list[str] | None,
+    tags: dict[str, str] | None = None,
 ) -> DataSource:
     """A Hub dataset: its first data file's first rows checked like a local file's (rows numbered as in
     that file), after the repo's access is checked (missing, private, gated). When the rows cannot be read
@@ -348,10 +370,11 @@ def _inspect_hub(
         return DataSource(spec, spec, "hub", fmt, 0, data_files=data_files)
     if not sample.rows:
         raise DataProblem(f"{spec}: {sample.file} has no rows")
-    resolved, problem = check_rows(sample.rows, fmt, objective, columns)
+    resolved, problem = check_rows(sample.rows, fmt, objective, columns, tags)
     if problem:
         raise DataProblem(f"{spec} ({sample.file}): {problem}")
-    images, most = check_images(sample.rows, resolved, columns, Path.cwd(), f"{spec} ({sample.file})")
+    where = f"{spec} ({sample.file})"
+    images, most = check_images(sample.rows, resolved, columns, Path.cwd(), where, tags)
     return DataSource(
         spec,
         spec,

@@ -38,7 +38,7 @@ from nbtrain.contract.formats import CANONICAL_COLUMNS, FORMATS, SFT_FORMATS
 from nbtrain.contract.gguf import is_gguf
 from nbtrain.contract.objectives import OBJECTIVES, UNAVAILABLE, rewards_objectives
 from nbtrain.control import tracking
-from nbtrain.control.config import rewardmodels, trainargs
+from nbtrain.control.config import datasetinfo, rewardmodels, trainargs
 from nbtrain.control.config.choices import (
     ZERO_STAGES,
     Launcher,
@@ -144,6 +144,8 @@ class DataSourceSettings(_Strict):
     columns: Columns | None = None  # default: data: columns:
     split: str | None = Field(None, min_length=1)  # hub / save_to_disk datasets with several splits
     data_files: str | list[str] | None = None  # a hub dataset: which of its files (glob patterns)
+    # a dataset named in the LLaMA-Factory dataset_info.json that path names (or its folder)
+    dataset: str | None = Field(None, min_length=1)
 
 
 STOPPING_STRATEGIES = ("all_exhausted", "first_exhausted", "all_exhausted_without_replacement")
@@ -159,6 +161,9 @@ class DataSettings(_Strict):
     max_samples: int | None = Field(None, gt=0)
     # {nbtrain's name: the dataset's column}, e.g. {prompt: question, chosen: good, rejected: bad}
     columns: Columns | None = None
+    # a dataset named in the LLaMA-Factory dataset_info.json that train: names (or the folder holding it):
+    # data: {train: data/dataset_info.json, dataset: my_set}; a train: list takes dataset: per source
+    dataset: str | None = Field(None, min_length=1)
     # read the data as it trains (datasets' IterableDataset): for data larger than memory
     streaming: bool = False
     # how weighted sources are mixed (datasets.interleave_datasets): all_exhausted = until every source
@@ -210,6 +215,11 @@ class DataSettings(_Strict):
     def _one_eval_source(self) -> DataSettings:
         if self.eval is not None and self.eval_split is not None:
             raise ValueError("give either eval (a path) or eval_split (a fraction), not both")
+        if self.dataset is not None and isinstance(self.train, list):
+            raise ValueError(
+                "dataset: names one dataset of a dataset_info.json; with a train: list give each source "
+                "its own ({path: data/dataset_info.json, dataset: my_set})"
+            )
         return self
 
     def sources(self) -> list[DataSourceSettings]:
@@ -1289,10 +1299,13 @@ def _check_sources(
     text, ...) are a problem."""
     train = data.get("train")
     if isinstance(train, str) and train:
+        dataset = data.get("dataset")
         try:
+            if isinstance(dataset, str) and dataset:
+                return [_inspect_info(train, dataset, fmt, base, objective, columns, hook)]
             return [inspect_data(train, fmt, base, objective, columns, preprocess=hook)]
         except DataProblem as e:
-            probs.add(("data", "train"), str(e))
+            probs.add(("data", "dataset" if isinstance(dataset, str) and dataset else "train"), str(e))
             return []
     if not isinstance(train, list):
         return []
@@ -1304,12 +1317,18 @@ def _check_sources(
             continue  # reported by the schema pass
         src_fmt = spec.format or fmt
         try:
+            if spec.dataset is not None:
+                src = _inspect_info(
+                    spec.path, spec.dataset, src_fmt, base, objective, spec.columns or columns, hook
+                )
+                out.append(replace(src, weight=spec.weight))
+                continue
             src = inspect_data(
                 spec.path, src_fmt, base, objective, spec.columns or columns, split=spec.split,
                 data_files=spec.data_files, preprocess=hook,
             )  # fmt: skip
         except DataProblem as e:
-            probs.add(("data", "train", i, "path"), str(e))
+            probs.add(("data", "train", i, "dataset" if spec.dataset else "path"), str(e))
             continue
         out.append(replace(src, weight=spec.weight, split=spec.split, columns=spec.columns))
     if len(out) != len(train):
@@ -1330,6 +1349,36 @@ def _check_sources(
             f"one format or train on them in separate runs",
         )
     return out
+
+
+def _inspect_info(
+    spec: str,
+    name: str,
+    fmt: str,
+    base: Path,
+    objective: str,
+    columns: dict[str, str] | None,
+    hook: RowHook | None,
+) -> DataSource:
+    """The dataset ``name`` of the LLaMA-Factory dataset_info.json ``spec`` names, inspected like any
+    source, with its resolved facts (file or Hub id, split, columns in nbtrain's names, tags) recorded in
+    the DataSource the worker reads. ``columns`` (data: columns:) win over the entry's, name by name."""
+    try:
+        entry = datasetinfo.resolve(spec, name, base)
+    except datasetinfo.InfoProblem as e:
+        raise DataProblem(str(e)) from None
+    merged = {**(entry.columns or {}), **(columns or {})} or None
+    if merged is not None:
+        problem = _columns_problem(merged)
+        if problem:
+            raise DataProblem(f"{entry.info}: {name!r} with data: columns: {problem}")
+    src = inspect_data(
+        entry.spec, fmt, base, objective, merged, split=entry.split, preprocess=hook, tags=entry.tags
+    )
+    return replace(
+        src, spec=f"{name} ({entry.info})", split=entry.split, columns=merged, tags=entry.tags,
+        dataset=name, dataset_info=entry.info,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- entry
@@ -1502,10 +1551,12 @@ def load_config(
         updates["model"], updates["gguf_file"] = str(found), None
     if reward_list is not None:
         updates["rewards"] = reward_list  # {model: ...} as the worker loads it: a directory or a Hub id
-    data_updates: dict[str, Any] = {"train": train_src.location}
+    # A dataset of a dataset_info.json keeps the json as its path (a resume resolves it again); the file or
+    # Hub id it names is in the source the worker reads.
+    data_updates: dict[str, Any] = {"train": train_src.dataset_info or train_src.location}
     if isinstance(cfg.data.train, list):
         data_updates["train"] = [
-            s.model_copy(update={"path": src.location})
+            s.model_copy(update={"path": src.dataset_info or src.location})
             for s, src in zip(cfg.data.train, train_sources, strict=True)
         ]
     if eval_src is not None:
@@ -1522,6 +1573,7 @@ def load_config(
     notes = [
         f"data: {train_src.kind} file, format {train_src.format}"
         + (" (detected)" if cfg.data.format == "auto" and train_src.kind != "hub" else "")
+        + (f", dataset {train_src.dataset!r} of {train_src.dataset_info}" if train_src.dataset else "")
     ]
     if len(train_sources) > 1:
         how = (
