@@ -15,7 +15,9 @@ Per-message loss flags (ms-swift's ``"loss": false|true``, OpenAI's ``"weight": 
 a turn with no flag trains as usual. A dataset whose rows carry such flags is trained on its assistant
 turns only, with these masks whatever the template (``own_masks``): that is what the flags mean in ms-swift
 and OpenAI's fine-tuning, where a user turn is never trained on either. A run whose ``train:`` says
-``assistant_only_loss: false`` (every token) with flagged rows is refused: the two cannot both hold.
+``assistant_only_loss: false`` (every token) with flagged rows is refused: the two cannot both hold. The
+kernel's data check refuses it before anything starts (``control/config/datacheck.flags_problem``, on the
+rows it samples); ``own_masks`` refuses it here too, for flags only rows past that sample carry.
 """
 
 from __future__ import annotations

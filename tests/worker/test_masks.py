@@ -108,3 +108,23 @@ def test_per_message_loss_flags_zero_the_turns_not_to_train(tiny_model: Path) ->
     with pytest.raises(ValueError, match="assistant_only_loss: false"):
         own_masks(False, {"assistant_only_loss": False}, tok, flagged)
     assert own_masks(False, {}, tok, Dataset.from_list([{"messages": msgs[:1]}])) is None
+
+
+def test_the_preview_shows_only_the_turns_the_flags_mark_to_train(workdir: Path) -> None:
+    import nbtrain
+    from nbtrain.worker.jobs.preview import preview
+
+    rows = [
+        {"messages": [{"role": "user", "content": f"What is {i} + 1?"},
+                      {"role": "assistant", "content": "seven", "loss": False},
+                      {"role": "user", "content": "Again?"},
+                      {"role": "assistant", "content": str(i + 1), "loss": True}]}
+        for i in range(3)
+    ]  # fmt: skip
+    (workdir / "data" / "flags.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = "model: ./tiny-llama\ndata: {train: data/flags.jsonl}\ntrain: {max_steps: 1}\n"
+    resolved = json.loads(json.dumps(nbtrain.prepare(cfg).to_dict()))
+    pv = preview(resolved, n=3, stats_rows=3)
+    trained = ["".join(text for text, on in ex["segments"] if on) for ex in pv["examples"]]
+    assert trained == ["1<|end|>", "2<|end|>", "3<|end|>"]
+    assert pv["assistant_only_loss"] and "loss / weight flags" in pv["chat_template"]

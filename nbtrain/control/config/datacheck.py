@@ -50,6 +50,8 @@ class DataSource:
     dataset: str | None = None
     dataset_info: str | None = None
     tags: dict[str, str] | None = None
+    # some sampled row marks which turns to train (ms-swift "loss", OpenAI "weight"): see flags_problem
+    turn_flags: bool = False
 
 
 class DataProblem(ValueError):
@@ -288,7 +290,42 @@ def inspect_data(
                 f"{path.name}: all {len(rows)} rows have label {str(only).lower()}; KTO learns from both "
                 f"desirable (label: true) and undesirable (label: false) completions"
             )
-    return DataSource(spec, str(path), kind, resolved, len(rows), images=images, images_per_row=most)
+    flags = has_turn_flags(rows, resolved, columns, tags)
+    return DataSource(
+        spec, str(path), kind, resolved, len(rows), images=images, images_per_row=most, turn_flags=flags
+    )
+
+
+def has_turn_flags(
+    rows: list[tuple[int, Any]], fmt: str, columns: dict[str, str] | None, tags: dict[str, str] | None
+) -> bool:
+    """Whether some row (checked already) marks which of its turns to train (``loss`` / ``weight``)."""
+    if fmt not in ("messages", "sharegpt"):
+        return False
+    for _, row in rows:
+        try:
+            example = to_example(apply_columns(row, columns), fmt, vision=None, tags=tags)
+        except RowError:
+            continue
+        if any("train" in m for m in example.get("messages", []) if isinstance(m, Mapping)):
+            return True
+    return False
+
+
+def flags_problem(sources: list[DataSource], train: Mapping[str, Any] | None) -> str | None:
+    """Why the run cannot start when rows carry per-message loss flags and ``train:`` says
+    ``assistant_only_loss: false`` (every token): the two cannot both hold. None when they agree."""
+    if not isinstance(train, Mapping) or train.get("assistant_only_loss") is not False:
+        return None
+    flagged = [Path(s.location).name for s in sources if s.turn_flags]
+    if not flagged:
+        return None
+    return (
+        f"assistant_only_loss: false trains on every token, but the rows of {', '.join(flagged)} mark which "
+        f"turns to train (loss: true/false or weight: 0/1), which only the assistant turns can be; remove "
+        f"assistant_only_loss: false (flagged rows train on the assistant turns marked to train), or drop "
+        f"the flags from the rows"
+    )
 
 
 # The images the kernel opens before a run starts (the first rows' ones); the worker opens every one.
@@ -384,4 +421,5 @@ def _inspect_hub(
         data_files=data_files,
         images=images,
         images_per_row=most,
+        turn_flags=has_turn_flags(sample.rows, resolved, columns, tags),
     )

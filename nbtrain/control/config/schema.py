@@ -48,7 +48,7 @@ from nbtrain.control.config.choices import (
     Precision,
     Strategy,
 )
-from nbtrain.control.config.datacheck import DataProblem, DataSource, RowHook, inspect_data
+from nbtrain.control.config.datacheck import DataProblem, DataSource, RowHook, flags_problem, inspect_data
 from nbtrain.control.config.yamlsafe import MAX_BYTES as MAX_YAML_BYTES
 from nbtrain.control.config.yamlsafe import DuplicateKeys, YamlProblem, YamlSyntax, load_yaml
 
@@ -1526,6 +1526,9 @@ def load_config(
                 )
             except DataProblem as e:
                 probs.add(("data", "eval"), str(e))
+    flags = flags_problem([*train_sources, *sources.values()], train if isinstance(train, dict) else None)
+    if flags:
+        probs.add(("train", "assistant_only_loss"), flags)
     if raw.get("method") == "qlora":
         why = bitsandbytes_problem(tuple(sys.path))
         if why:

@@ -5,7 +5,8 @@
 RESOLVED_JSON is a run's resolved.json (or what ``nbtrain.prepare(cfg).to_dict()`` gives). The data is
 loaded as the recipe loads it (every source, columns, mixing, streaming) and tokenised by TRL's own
 SFT dataset preparation with the run's SFTConfig (chat template, ``{% generation %}`` assistant masks,
-``assistant_only_loss``, ``completion_only_loss``, EOS handling), so the trained-on mask shown is the
+``assistant_only_loss``, ``completion_only_loss``, EOS handling; rows' per-message loss flags as the SFT
+recipe applies them, worker/masks.py), so the trained-on mask shown is the
 labels the trainer will compute the loss on. No model is loaded. The kernel runs this in a subprocess
 (transformers must not be imported there) and renders OUT_JSON (see nbtrain.control.preview).
 """
@@ -119,7 +120,8 @@ def tokenised(
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
     from nbtrain.worker.data import first_row, load_train
-    from nbtrain.worker.masks import needs_own_masks, with_assistant_masks
+    from nbtrain.worker.masks import own_masks as masks_why
+    from nbtrain.worker.masks import with_assistant_masks
 
     cfg, args = resolved["config"], dict(resolved["train_args"])
     seed = int(args.get("seed", 42))
@@ -133,8 +135,12 @@ def tokenised(
     prep_args = replace(sft_args, max_length=None, packing=False, shuffle_dataset=False)
     sample = first_row(train) or {}
     chat_template = None
-    own_masks = sft_args.assistant_only_loss and needs_own_masks(tok)
-    if own_masks:  # as the training run does (worker/recipes/sft.py)
+    # As the training run does (worker/recipes/sft.py): a template TRL cannot mask, or rows with per-message
+    # loss flags, get their masks from the template's rendering (only the turns marked to train).
+    why = masks_why(sft_args.assistant_only_loss, cfg.get("train") or {}, tok, train)
+    own_masks = why is not None
+    flagged = own_masks and not sft_args.assistant_only_loss
+    if own_masks:
         train = with_assistant_masks(train, tok)
         prep_args = replace(prep_args, assistant_only_loss=False)
     elif sft_args.assistant_only_loss and not has_generation_markers(tok.chat_template):
@@ -151,7 +157,7 @@ def tokenised(
         "format": fmt,
         "sources": described,
         "streaming": bool(cfg["data"].get("streaming")),
-        "assistant_only_loss": bool(sft_args.assistant_only_loss),
+        "assistant_only_loss": bool(sft_args.assistant_only_loss or own_masks),
         "completion_only_loss": bool(completion_only),
         "packing": bool(sft_args.packing),
         "packing_strategy": sft_args.packing_strategy if sft_args.packing else None,
@@ -164,6 +170,9 @@ def tokenised(
         "per_device_train_batch_size": sft_args.per_device_train_batch_size,
         "chat_template": "TRL's training template (the model's has no {% generation %} blocks)"
         if chat_template
+        else "the model's (the rows' loss / weight flags: the assistant turns marked to train, found from "
+        "its rendering)"
+        if flagged
         else "the model's (no {% generation %} blocks: assistant turns found from its rendering)"
         if own_masks
         else ("the model's" if getattr(tok, "chat_template", None) else None),

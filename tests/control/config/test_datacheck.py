@@ -139,3 +139,22 @@ def test_a_source_may_pick_a_split_of_a_saved_dataset_dict(sources: Path) -> Non
     assert res.train_sources[0].kind == "disk" and res.train_sources[0].sample_rows == 2
     out = problems(config("  train: [{path: data/dd, split: nope}]\n"))
     assert "has no split 'nope'" in out[0] and "extra" in out[0]
+
+
+def test_loss_flags_with_assistant_only_loss_false_are_refused_before_anything_starts(workdir: Path) -> None:
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello", "weight": 1},
+            ]
+        },
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey"}]},
+    ]
+    (workdir / "data" / "flags.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = "\n".join(problems(config("  train: data/flags.jsonl\n", "  assistant_only_loss: false\n")))
+    assert "train.assistant_only_loss" in text and "the rows of flags.jsonl mark which turns to train" in text
+    assert load_config(config("  train: data/flags.jsonl\n")).train_data.turn_flags  # left out: fine
+    assert not load_config(
+        config("  train: data/add.jsonl\n", "  assistant_only_loss: false\n")
+    ).train_data.turn_flags
