@@ -1147,7 +1147,7 @@ class Request:
     precision: str = "bf16"
     micro_batch: int = 8
     seq_len: int = 1024
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool | None = True  # None: nbtrain's rule (plan/estimates.checkpointing_rule)
     optim: str = "adamw_torch_fused"
     lora_r: int = 8
     lora_targets: str | tuple[str, ...] = "auto"

@@ -48,12 +48,32 @@ def test_estimate_for_a_batch_left_to_auto_uses_the_planned_micro_batch() -> Non
     assert estimate_for(config, plan, LLAMA3).inputs["micro_batch"] == 16
 
 
-def test_request_for_a_config_keeps_trls_defaults() -> None:
+def test_request_for_a_config_keeps_trls_defaults_and_leaves_checkpointing_to_the_rule() -> None:
     config = RunConfig.model_validate({"model": "m", "data": {"train": "d.jsonl"}})
     req = request_for(config, "bf16")
     assert (req.micro_batch, req.seq_len, req.gradient_checkpointing, req.optim) == (
-        8, 1024, True, "adamw_torch_fused",
+        8, 1024, None, "adamw_torch_fused",
     )  # fmt: skip
+    given = RunConfig.model_validate(
+        {"model": "m", "data": {"train": "d.jsonl"}, "train": {"gradient_checkpointing": False}}
+    )
+    assert request_for(given, "bf16").gradient_checkpointing is False
+
+
+def test_the_table_counts_checkpointing_off_where_a_row_fits_without_it() -> None:
+    from nbtrain.hardware import GPU, Hardware
+
+    a100 = Hardware(gpus=[GPU(0, "NVIDIA A100-SXM4-80GB", 80 * 2**30, 79 * 2**30, (8, 0))], cpu_count=8,
+                    ram_total=256 * 2**30, ram_available=240 * 2**30)  # fmt: skip
+    config = RunConfig.model_validate({"model": "m", "data": {"train": "d.jsonl"}})
+    rows = {(r["method"], r["strategy"], r["offload"]): r for r in
+            compare_table(LLAMA3, a100, request_for(config, "bf16", micro_batch=1))}  # fmt: skip
+    on = {(r["method"], r["strategy"], r["offload"]): r
+          for r in compare_table(LLAMA3, a100, Request(micro_batch=1))}  # fmt: skip
+    lora = ("lora", "none", "none")
+    assert rows[lora]["fits"] and rows[lora]["per_device_bytes"] > on[lora]["per_device_bytes"]  # off: more
+    full = ("full", "none", "none")  # fits neither way: counted as it would run, with checkpointing
+    assert not rows[full]["fits"] and rows[full]["per_device_bytes"] == on[full]["per_device_bytes"]
 
 
 # ----------------------------------------------------------------------------------- comparison table

@@ -16,7 +16,7 @@ from nbtrain.control import memory
 from nbtrain.control.config.schema import Resolved, RunConfig, bitsandbytes_problem
 from nbtrain.control.memory import Estimate
 from nbtrain.control.plan.accelerators import ACCELERATORS, QLORA_WHY, UNVERIFIED, accelerator_precision
-from nbtrain.control.plan.estimates import request_for
+from nbtrain.control.plan.estimates import checkpointing_rule, request_for
 from nbtrain.control.plan.fit import MARGIN, Fit, fits
 from nbtrain.hardware import Hardware
 
@@ -181,8 +181,11 @@ def estimate_for(config: RunConfig, plan: Plan, model_config: Mapping[str, Any],
     req = request_for(
         config, plan.precision, model_config, micro_batch=over.pop("micro_batch", plan.micro_batch)
     )
-    if plan.gradient_checkpointing is not None and "gradient_checkpointing" not in over:
-        over["gradient_checkpointing"] = plan.gradient_checkpointing
+    if "gradient_checkpointing" not in over:  # the plan's choice; on while it is still to be made
+        over["gradient_checkpointing"] = (
+            plan.gradient_checkpointing if plan.gradient_checkpointing is not None
+            else req.gradient_checkpointing is not False
+        )  # fmt: skip
     kwargs = {**req.estimate_kwargs(), **{k: v for k, v in over.items() if k in req.estimate_kwargs()}}
     return memory.estimate(
         model_config, method=over.get("method", plan.method), strategy=over.get("strategy", plan.strategy),
@@ -302,17 +305,12 @@ def _plan_memory(res: Resolved, hw: Hardware, plan: Plan) -> None:
 
 
 def _plan_checkpointing(cfg: RunConfig, plan: Plan, mc: Mapping[str, Any], hw: Hardware) -> None:
-    """gradient_checkpointing left out (or auto): off when the run fits without it, else on.
-
-    Checkpointing keeps only each layer's input and recomputes the rest in the backward pass: about a
-    third more compute a step for far less activation memory. Worth it only when memory is short, so it
-    is on only then (measured on SmolLM2-135M LoRA, 8 x 52 tokens, 2 CPU cores: ~1.2-1.4x the step time
-    with it). The micro-batch (when auto) is chosen first, with checkpointing counted on."""
-    asked = cfg.train.get("gradient_checkpointing", "auto")
-    if asked != "auto":
+    """gradient_checkpointing left out (or auto): nbtrain's rule (``estimates.checkpointing_rule``: off when
+    the run fits without it), after the micro-batch (when auto) was chosen with it counted on."""
+    if cfg.train.get("gradient_checkpointing", "auto") != "auto":
         return
-    off = fits(estimate_for(cfg, plan, mc, gradient_checkpointing=False), hw)
-    plan.gradient_checkpointing = not off.ok
+    est, off = checkpointing_rule(lambda on: estimate_for(cfg, plan, mc, gradient_checkpointing=on), hw)
+    plan.gradient_checkpointing = bool(est.inputs["gradient_checkpointing"])
     if off.ok:
         plan.reasons.append(
             "gradient_checkpointing off: the activations fit without it, and recomputing them would cost "
