@@ -2,12 +2,12 @@
 LLaMA-Factory, ms-swift and OpenAI (our own rows), one file per shape. Files of one objective are the
 sources of one run (``data: train:`` as a list: each source's format detected, normalised by the worker and
 tokenised whole by the trainer before its first step), so four processes cover them: SFT, SFT with tool
-calls (a copy of the tiny model whose chat template renders ``tools`` and ``tool_calls``), DPO and KTO."""
+calls (a copy of the tiny model whose chat template renders ``tools`` and ``tool_calls``:
+nbtrain.examples_tools), DPO and KTO."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,23 +15,11 @@ from typing import Any
 import pytest
 
 import nbtrain
+from nbtrain.examples_tools import tool_model
 from tests.conftest import runs_in
 
 pytestmark = pytest.mark.slow
 
-# Our own template: the tools as JSON in a system turn, calls as <call>NAME ARGS</call>, results by name.
-TOOLS_TEMPLATE = (
-    "{% if tools %}<|system|>\nYou may call:{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|end|>\n"
-    "{% endif %}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}<|assistant|>\n{% generation %}{{ m['content'] }}"
-    "{% for c in m['tool_calls'] or [] %}<call>{{ c['function']['name'] }} "
-    "{{ c['function']['arguments'] | tojson }}</call>{% endfor %}<|end|>{% endgeneration %}\n"
-    "{% elif m['role'] == 'tool' %}<|tool|>\n{{ m['name'] }}: {{ m['content'] }}<|end|>\n"
-    "{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 CITIES = ["Oslo", "Rome", "Lima", "Pune", "Kyiv", "Nice", "Baku", "Bern"]
 SCHEMA = {"name": "weather", "description": "today's weather", "parameters": {"type": "object"}}
 
@@ -172,8 +160,7 @@ def config(model: str, objective: str, files: dict[str, Any]) -> str:
 def runs(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[dict[str, nbtrain.Run]]:
     work = tmp_path_factory.mktemp("peers")
     (work / "tiny-llama").symlink_to(tiny_model)
-    shutil.copytree(tiny_model, work / "tiny-tools")
-    (work / "tiny-tools" / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    tool_model(tiny_model, work / "tiny-tools")  # its chat template renders tools and tool calls
     (work / "data").mkdir()
     for _model, _objective, files in RUNS.values():
         for name, (rows, _fmt) in files.items():
@@ -201,7 +188,7 @@ def test_tools_reach_the_chat_template(runs: dict[str, nbtrain.Run]) -> None:
     with runs_in(runs["tools"].dir.parent.parent):
         pv = nbtrain.preview("tools", n=3, stats_rows=8)
     text = pv.text()
-    assert "You may call:" in text and '"name": "weather"' in text
+    assert "You may call: weather()" in text
     assert '<call>weather {"city": "Oslo"}</call>' in text and "weather: sunny" in text
 
 
