@@ -168,16 +168,23 @@ def tokenised(
         "max_length": sft_args.max_length,
         "truncation_mode": sft_args.truncation_mode,
         "per_device_train_batch_size": sft_args.per_device_train_batch_size,
-        "chat_template": "TRL's training template (the model's has no {% generation %} blocks)"
-        if chat_template
-        else "the model's (the rows' loss / weight flags: the assistant turns marked to train, found from "
-        "its rendering)"
-        if flagged
-        else "the model's (no {% generation %} blocks: assistant turns found from its rendering)"
-        if own_masks
-        else ("the model's" if getattr(tok, "chat_template", None) else None),
+        "chat_template": _template_note(bool(chat_template), flagged, own_masks, tok),
     }
     return ds, facts
+
+
+def _template_note(trls: bool, flagged: bool, own_masks: bool, tok: Any) -> str | None:
+    """Which chat template the preview's tokens come from, and where its masks come from."""
+    if trls:
+        return "TRL's training template (the model's has no {% generation %} blocks)"
+    if flagged:
+        return (
+            "the model's (the rows' loss / weight flags: the assistant turns marked to train, found from "
+            "its rendering)"
+        )
+    if own_masks:
+        return "the model's (no {% generation %} blocks: assistant turns found from its rendering)"
+    return "the model's" if getattr(tok, "chat_template", None) else None
 
 
 def preview(
