@@ -30,11 +30,19 @@ def config(steps: int, save_steps: int = 100_000, extra: str = "") -> str:
 
 
 def wait_step(run: nbtrain.Run, step: int, timeout: float = 180) -> None:
+    """Until ``step`` is logged: read from metrics.jsonl (a line per step), not status.json, which is
+    written at most once a second (a tiny model runs hundreds of steps in that second)."""
+    from nbtrain.control.runs.metrics import MetricsTail
+
+    tail = MetricsTail(run)
     deadline = time.monotonic() + timeout
-    while run.status().step < step:
+    while True:
+        tail.poll()
+        if (tail.last_step or 0) >= step:
+            return
         assert not run.status().done, run.logs(40)
         assert time.monotonic() < deadline, run.logs(40)
-        time.sleep(0.1)
+        time.sleep(0.02)
 
 
 def adapter(run: nbtrain.Run) -> dict[str, torch.Tensor]:
@@ -80,7 +88,7 @@ def test_stop_then_resume_ends_like_an_uninterrupted_run(
     workdir: Path, distributed: str, warm: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NBTRAIN_WARM", warm)
-    n = 150
+    n = 400  # a tiny model's step takes ~6 ms here: room for the stop to land well before the end
     straight = nbtrain.finetune(config(n, extra=distributed), name="straight")
     straight.wait(timeout=300)
     interrupted = nbtrain.finetune(config(n, extra=distributed), name="interrupted")
@@ -159,7 +167,7 @@ def test_kill_at_random_moments_then_resume(workdir: Path) -> None:
           f"{[t['resumed_from'] for t in trials]}")  # fmt: skip
 
 
-def graceful_stop_trial(rng: random.Random, n: int = 150) -> int:
+def graceful_stop_trial(rng: random.Random, n: int = 400) -> int:
     run = nbtrain.finetune(config(n), name=f"graceful-{rng.randrange(10**6)}")
     wait_step(run, rng.randint(2, 40))
     st = run.stop()
@@ -181,13 +189,13 @@ def test_graceful_stop_at_random_steps_then_resume(workdir: Path) -> None:
 
 
 def test_resume_auto_continues_the_newest_stopped_run_of_that_name(workdir: Path) -> None:
-    text = config(150) + "resume: auto\n"
+    text = config(400) + "resume: auto\n"
     first = nbtrain.finetune(text, name="auto-resume")
     wait_step(first, 4)
     stopped_at = first.stop().step
     again = nbtrain.finetune(text, name="auto-resume")  # the same cell run again
     assert again.dir == first.dir and again.resolved["resume"]["step"] == stopped_at
-    assert again.wait(timeout=300).step == 150
+    assert again.wait(timeout=300).step == 400
     fresh = nbtrain.finetune(text, name="auto-resume")  # the newest is completed: a new run starts
     assert fresh.dir != first.dir
     fresh.stop()

@@ -23,6 +23,7 @@ from nbtrain.control.runs import registry
 from nbtrain.control.runs.run import Run
 from nbtrain.control.start import start
 from tests.conftest import lora_yaml
+from tests.control.test_resume import wait_step
 
 
 @contextlib.contextmanager
@@ -116,16 +117,12 @@ def test_one_writer_per_run_dir_concurrent_resumes_start_one_worker(workdir: Pat
     """6 resumes of one stopped run at once (what 6 `resume: auto` cells do): exactly one worker trains,
     every step is logged once; the others are refused before they change anything."""
     import threading
-    import time
 
     from nbtrain.contract.rundir import read_jsonl
 
     text = lora_yaml(120).replace("  logging_steps: 1", "  logging_steps: 1\n  save_steps: 4")
     run = nbtrain.finetune(text, name="locked")
-    deadline = time.monotonic() + 180
-    while run.status().step < 6:
-        assert not run.status().done and time.monotonic() < deadline, run.logs(30)
-        time.sleep(0.1)
+    wait_step(run, 6)
     assert run.stop().state == "stopped"
     outcomes: list[str] = []
 

@@ -137,7 +137,7 @@ def test_finetune_cells_train_lora_and_qlora_in_a_real_kernel(workdir: Path) -> 
 
 @pytest.mark.slow
 def test_run_survives_its_kernel_and_a_new_kernel_attaches(workdir: Path) -> None:
-    steps = 150
+    steps = 2000  # ~6 ms a step: longer than the kernel takes to die and be seen dead
     first = [
         "%load_ext nbtrain",
         "%%finetune --name survivor\n" + lora_yaml(steps),
