@@ -29,6 +29,7 @@ x 2 methods x 2 modes) takes about 10 minutes on one H100/H200, most of it build
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -183,7 +184,9 @@ def throughput(times: list[tuple[int, float]], tokens_per_step: int) -> float:
     return (b[0] - a[0]) * tokens_per_step / (b[1] - a[1])
 
 
-def run_nbtrain(model: Path, data: Path, method: str, steps: int, seq: int, name: str) -> dict[str, Any]:
+def run_nbtrain(
+    model: Path, data: Path, method: str, steps: int, seq: int, name: str, liger: bool = False
+) -> dict[str, Any]:
     import nbtrain
     from nbtrain.contract.rundir import read_json, read_jsonl
 
@@ -194,7 +197,7 @@ def run_nbtrain(model: Path, data: Path, method: str, steps: int, seq: int, name
         data: {{train: {data}, format: text}}
         precision: auto
         train: {{max_steps: {steps}, per_device_train_batch_size: auto, max_length: {seq},
-                 logging_steps: 1, save_strategy: "no"}}
+                 logging_steps: 1, save_strategy: "no"{", use_liger_kernel: true" if liger else ""}}}
         """
     )
     run = nbtrain.finetune(config, name=name)
@@ -243,6 +246,35 @@ def run_bare(
     }  # fmt: skip
 
 
+def modes(method: str, gpu: bool) -> list[str]:
+    """nbtrain's auto plan against TRL's defaults; on a GPU, LoRA also with Liger's kernels both ways
+    (``use_liger_kernel``: fused RMSNorm, SwiGLU, RoPE and linear + cross-entropy), where installed."""
+    out = ["nbtrain auto", "TRL defaults"]
+    if gpu and method == "lora" and importlib.util.find_spec("liger_kernel") is not None:
+        out += ["nbtrain auto + Liger", "TRL defaults + Liger"]
+    return out
+
+
+def versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for dist in ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes",
+                 "liger-kernel", "flash-attn"):  # fmt: skip
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def write(res: dict[str, Any], dry_run: bool) -> None:
+    if dry_run:  # a CPU rehearsal is no result
+        return
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1b,7b")
@@ -254,6 +286,7 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="the whole pipeline on CPU with a tiny shape")
     args = ap.parse_args()
 
+    from nbtrain.contract.errors import NbtrainError
     from nbtrain.hardware import probe
 
     hw = probe()
@@ -281,7 +314,7 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         + (f"{len(hw.gpus)} x {gpu_name}" if hw.gpus else "no GPU"),
         "dry_run": args.dry_run, "seq_len": seq, "steps": steps,
-        "peak_flops_bf16": peak_flops, "rows": [],
+        "peak_flops_bf16": peak_flops, "versions": versions(), "finished": False, "rows": [],
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="nbtrain-bench-gpu-") as d:
         work = Path(d)
@@ -295,32 +328,48 @@ def main() -> int:
             print(f"{size}: {params_of(size) / 1e9:.2f}B parameters, built in {time.monotonic() - t:.0f} s",
                   flush=True)  # fmt: skip
             for method in args.methods.split(","):
-                for mode in ("nbtrain auto", "TRL defaults"):
-                    if mode == "nbtrain auto":
-                        r = run_nbtrain(model, data, method, steps, seq, f"{size}-{method}")
-                    else:
-                        r = run_bare(model, data, method, steps, work, extra)
+                for mode in modes(method, bool(hw.gpus)):
+                    try:
+                        if mode.startswith("nbtrain"):
+                            name = f"{size}-{method}-{len(res['rows'])}"
+                            r = run_nbtrain(model, data, method, steps, seq, name, liger="Liger" in mode)
+                        else:
+                            more = {**extra, "use_liger_kernel": True} if "Liger" in mode else extra
+                            r = run_bare(model, data, method, steps, work, more)
+                    # a failing row (a kernel missing here, a plan refused) must not lose the rest
+                    except (RuntimeError, ValueError, NbtrainError) as e:
+                        res["rows"].append(
+                            {"size": size, "method": method, "mode": mode, "error": str(e)[-3000:]}
+                        )
+                        print(f"  {size} {method} {mode}: FAILED {str(e)[-1500:]}", flush=True)
+                        write(res, args.dry_run)
+                        continue
                     mfu = r["tokens_per_s"] * flops_per_token(size, seq) / peak_flops if peak_flops else None
                     row = {"size": size, "params": params_of(size), "method": method, "mode": mode, **r,
                            "mfu": mfu}  # fmt: skip
                     res["rows"].append(row)
+                    write(
+                        res, args.dry_run
+                    )  # after every row: a run cut off by its time limit keeps what it measured
                     peak = f"{r['peak_bytes'] / 2**30:.1f} GiB" if r["peak_bytes"] else "-"
                     print(f"  {size} {method} {mode}: {r['tokens_per_s']:.0f} tokens/s, peak {peak}, "
                           f"micro-batch {r['micro_batch']}x{r['grad_accum']}, {r['precision']}"
                           + (f", MFU {mfu:.1%}" if mfu is not None else ""), flush=True)  # fmt: skip
             shutil.rmtree(model)  # the 7B takes 13 GB of disk
-    if not args.dry_run:  # a CPU rehearsal is no result
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+    res["finished"] = True
+    write(res, args.dry_run)
     print("| model | method | mode | tokens/s | peak GiB | micro x accum | MFU |")
     print("|---|---|---|---|---|---|---|")
     for r in res["rows"]:
+        if "error" in r:
+            print(f"| {r['size']} | {r['method']} | {r['mode']} | failed | - | - | - |")
+            continue
         peak = f"{r['peak_bytes'] / 2**30:.1f}" if r["peak_bytes"] else "-"
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         print(f"| {r['size']} | {r['method']} | {r['mode']} | {r['tokens_per_s']:.0f} | {peak} "
               f"| {r['micro_batch']}x{r['grad_accum']} | {mfu} |")  # fmt: skip
     if args.dry_run:
-        mean = statistics.fmean(r["tokens_per_s"] for r in res["rows"])
+        mean = statistics.fmean(r["tokens_per_s"] for r in res["rows"] if "error" not in r)
         print(f"dry run on CPU: {len(res['rows'])} runs ({mean:.0f} tokens/s on average), nothing written")
     return 0
 

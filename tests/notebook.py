@@ -1,21 +1,25 @@
-"""Run notebook cells in a real Jupyter kernel (nbclient), as a user's notebook would."""
+"""Run notebook cells in a real Jupyter kernel (nbclient), as a user's notebook would.
+
+nbformat and nbclient are imported where used: modules that only read cells (text_of) import this on a
+GPU machine that has neither (bench/gpu.py's device run)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import nbformat
-from nbclient import NotebookClient
-
 
 def make_notebook(cells: list[str]) -> Any:
+    import nbformat
+
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     return nb
 
 
 def execute(cells: list[str], cwd: Path, *, allow_errors: bool = False, timeout: int = 300) -> Any:
+    from nbclient import NotebookClient
+
     nb = make_notebook(cells)
     client = NotebookClient(
         nb,
