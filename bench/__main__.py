@@ -119,9 +119,20 @@ def _packing(d: dict[str, Any]) -> list[tuple[str, str, str]]:
 def _gpu(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = []
     for r in d["rows"]:
+        if "error" in r:
+            rows.append((f"GPU {r['size']} {r['method']}, {r['mode']}", "failed (see the file)", ""))
+            continue
         peak = f"{r['peak_bytes'] / 2**30:.1f} GiB" if r.get("peak_bytes") else "-"
         mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
-        batch = f"batch {r['micro_batch']}x{r['grad_accum']}"
+        batch = (
+            f"batch {r['micro_batch']}x{r['grad_accum']}"
+            + (
+                ""
+                if r.get("gradient_checkpointing") is None
+                else f", checkpointing {'on' if r['gradient_checkpointing'] else 'off'}"
+            )
+            + (", Liger" if r.get("use_liger_kernel") else "")
+        )
         text = f"{r['tokens_per_s']:.0f} tok/s, peak {peak}, {batch}{mfu}"
         rows.append((f"GPU {r['size']} {r['method']}, {r['mode']}", text, d.get("machine", "")))
     return rows
@@ -151,7 +162,7 @@ def _msswift(d: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 SUMMARIES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str]]]] = {
     "overhead": _overhead, "llamafactory": _llamafactory, "latency": _latency, "estimator": _estimator,
-    "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu,
+    "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu, "gpu_run1": _gpu,
     "warm_jobs": _warm_jobs, "msswift": _msswift,
 }  # fmt: skip
 

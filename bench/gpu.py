@@ -185,11 +185,13 @@ def throughput(times: list[tuple[int, float]], tokens_per_step: int) -> float:
 
 
 def run_nbtrain(
-    model: Path, data: Path, method: str, steps: int, seq: int, name: str, liger: bool = False
+    model: Path, data: Path, method: str, steps: int, seq: int, name: str, liger: bool | None = None
 ) -> dict[str, Any]:
     import nbtrain
     from nbtrain.contract.rundir import read_json, read_jsonl
+    from nbtrain.control import process as launch
 
+    liger_key = "" if liger is None else f", use_liger_kernel: {str(liger).lower()}"  # None: the plan's
     config = textwrap.dedent(
         f"""
         model: {model}
@@ -197,11 +199,17 @@ def run_nbtrain(
         data: {{train: {data}, format: text}}
         precision: auto
         train: {{max_steps: {steps}, per_device_train_batch_size: auto, max_length: {seq},
-                 logging_steps: 1, save_strategy: "no"{", use_liger_kernel: true" if liger else ""}}}
+                 logging_steps: 1, save_strategy: "no"{liger_key}}}
         """
     )
     run = nbtrain.finetune(config, name=name)
     st = run.wait(timeout=3600, check=False)
+    # The run is done once it says so; its process may still be letting go of the GPU, and the next run's
+    # plan would count that memory as taken by others (run 2 on the H200 did: checkpointing on, not off).
+    info = launch.read_launch(run.paths)
+    deadline = time.monotonic() + 120
+    while info is not None and launch.group_alive(info) and time.monotonic() < deadline:
+        time.sleep(0.2)
     if st.state != "completed":
         raise RuntimeError(f"nbtrain {name}: {st.describe()}\n{run.logs(40)}")
     resolved = read_json(run.paths.resolved)
@@ -216,6 +224,7 @@ def run_nbtrain(
         "tokens_per_s": throughput(times, micro * accum * plan["world_size"] * seq),
         "peak_bytes": peak, "micro_batch": micro, "grad_accum": accum, "precision": plan["precision"],
         "gradient_checkpointing": args.get("gradient_checkpointing", True),
+        "use_liger_kernel": bool(args.get("use_liger_kernel")),
         "plan_reasons": plan["reasons"],
         "estimate_tensor_bytes": tensors,
         "peak_vs_estimate": (peak / tensors) if peak and tensors else None,
@@ -246,12 +255,18 @@ def run_bare(
     }  # fmt: skip
 
 
+MODES = ("nbtrain auto", "nbtrain liger-off", "nbtrain liger-on", "TRL defaults", "TRL defaults liger")
+
+
 def modes(method: str, gpu: bool) -> list[str]:
-    """nbtrain's auto plan against TRL's defaults; on a GPU, LoRA also with Liger's kernels both ways
-    (``use_liger_kernel``: fused RMSNorm, SwiGLU, RoPE and linear + cross-entropy), where installed."""
+    """nbtrain's auto plan against TRL's defaults; on a GPU with liger-kernel installed, Liger's kernels
+    (``use_liger_kernel``: RMSNorm, SwiGLU, rotary) off and on as well: for LoRA both ways in both,
+    for a full fine-tune and QLoRA in nbtrain (its plan turns them on for LoRA and full, not QLoRA)."""
     out = ["nbtrain auto", "TRL defaults"]
-    if gpu and method == "lora" and importlib.util.find_spec("liger_kernel") is not None:
-        out += ["nbtrain auto + Liger", "TRL defaults + Liger"]
+    if gpu and importlib.util.find_spec("liger_kernel") is not None:
+        out.insert(1, "nbtrain liger-on" if method == "qlora" else "nbtrain liger-off")
+        if method == "lora":
+            out.append("TRL defaults liger")
     return out
 
 
@@ -271,8 +286,9 @@ def versions() -> dict[str, str | None]:
 def write(res: dict[str, Any], dry_run: bool) -> None:
     if dry_run:  # a CPU rehearsal is no result
         return
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+    out = Path(res["out"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
 
 
 def main() -> int:
@@ -284,7 +300,12 @@ def main() -> int:
         "--peak-tflops", type=float, default=None, help="dense bf16 peak of the GPU, if not listed"
     )
     ap.add_argument("--dry-run", action="store_true", help="the whole pipeline on CPU with a tiny shape")
+    ap.add_argument("--modes", default="", help=f"comma-separated, of {', '.join(MODES)} (default: modes())")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="the results file")
     args = ap.parse_args()
+    unknown = [m for m in args.modes.split(",") if m and m not in MODES]
+    if unknown:
+        ap.error(f"unknown mode(s) {unknown}; modes are {', '.join(MODES)}")
 
     from nbtrain.contract.errors import NbtrainError
     from nbtrain.hardware import probe
@@ -314,7 +335,8 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         + (f"{len(hw.gpus)} x {gpu_name}" if hw.gpus else "no GPU"),
         "dry_run": args.dry_run, "seq_len": seq, "steps": steps,
-        "peak_flops_bf16": peak_flops, "versions": versions(), "finished": False, "rows": [],
+        "peak_flops_bf16": peak_flops, "versions": versions(), "finished": False,
+        "out": str(args.out.resolve()), "rows": [],
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="nbtrain-bench-gpu-") as d:
         work = Path(d)
@@ -328,13 +350,14 @@ def main() -> int:
             print(f"{size}: {params_of(size) / 1e9:.2f}B parameters, built in {time.monotonic() - t:.0f} s",
                   flush=True)  # fmt: skip
             for method in args.methods.split(","):
-                for mode in modes(method, bool(hw.gpus)):
+                for mode in args.modes.split(",") if args.modes else modes(method, bool(hw.gpus)):
                     try:
                         if mode.startswith("nbtrain"):
                             name = f"{size}-{method}-{len(res['rows'])}"
-                            r = run_nbtrain(model, data, method, steps, seq, name, liger="Liger" in mode)
+                            liger = {"nbtrain liger-off": False, "nbtrain liger-on": True}.get(mode)
+                            r = run_nbtrain(model, data, method, steps, seq, name, liger=liger)
                         else:
-                            more = {**extra, "use_liger_kernel": True} if "Liger" in mode else extra
+                            more = {**extra, "use_liger_kernel": True} if "liger" in mode else extra
                             r = run_bare(model, data, method, steps, work, more)
                     # a failing row (a kernel missing here, a plan refused) must not lose the rest
                     except (RuntimeError, ValueError, NbtrainError) as e:

@@ -108,3 +108,26 @@ def rewards_objectives() -> tuple[str, ...]:
 def objective(name: str) -> Objective:
     """The objective called ``name``; KeyError for unavailable or unknown names."""
     return OBJECTIVES[name]
+
+
+# --- SFT's loss path: shared by the worker (worker/recipes/sft.py picks it) and the estimator
+# (control/memory.py counts what it keeps), so the two cannot disagree.
+#
+# A batch whose float32 logits are at most this many bytes is scored whole (the model's own loss, the
+# logits built); a bigger one goes through TRL's fused LM head, which never builds them. On a CPU, RAM is
+# plenty and the fused head is the slower path at any vocabulary (SmolLM2, vocab 49,152, 8 x ~60 tokens,
+# 94 MB of logits: ~3.2-3.6 s a step against 3.6-4.1 s, 2 cores); on an accelerator its tiles keep the
+# memory down, so only small batches are scored whole there.
+SFT_FULL_LOGITS_BYTES = {"cpu": 2**30}
+SFT_FULL_LOGITS_BYTES_ELSEWHERE = 64 * 2**20
+# The fused head's tile (trl/kernels/chunked_logprob.py): TOKEN_CHUNK_SIZE positions x up to the
+# ``chunk_size`` TRL passes (_CHUNKED_LOGPROB_CHUNK_SIZE) vocabulary columns, in float32.
+FUSED_HEAD_TILE_TOKENS = 4096
+FUSED_HEAD_TILE_VOCAB = 32768
+
+
+def sft_full_logits(tokens: int, vocab: int, device: str) -> bool:
+    """Whether an SFT batch of ``tokens`` positions is scored with its whole logits on ``device`` (a torch
+    device type: "cpu", "cuda", ...) rather than through TRL's fused LM head."""
+    cap = SFT_FULL_LOGITS_BYTES.get(device, SFT_FULL_LOGITS_BYTES_ELSEWHERE)
+    return tokens * vocab * 4 <= cap

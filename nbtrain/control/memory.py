@@ -39,6 +39,7 @@ from typing import Any
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.gguf import is_gguf
+from nbtrain.contract.objectives import FUSED_HEAD_TILE_TOKENS, FUSED_HEAD_TILE_VOCAB, sft_full_logits
 from nbtrain.control.config.choices import METHODS, OFFLOADS, STRATEGIES, ZERO_STAGES
 
 GiB = 2**30
@@ -596,37 +597,74 @@ def activation_bytes(
     seq_len: int,
     width: int,
     checkpointing: bool,
+    *,
+    trained: Iterable[str] | None = None,
+    quantized: bool = False,
+    head: str = "full",
+    liger: bool = False,
 ) -> float:
     """Activation memory of one micro-batch at the end of the forward pass (its peak).
 
     Method of Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022),
     §4: count what autograd keeps for backward. Their GPT layer keeps s·b·h·(34 + 5·a·s/h) bytes; for the
     Llama-style layer here (RMSNorm, rotary, GQA, gated MLP, a fused SDPA/flash kernel that keeps no s×s
-    score matrix, no dropout) the kept tensors per token are, with w = activation width (2, or 4 in fp32),
-    q = heads·head_dim, kv = kv_heads·head_dim, i = intermediate_size:
+    score matrix, no dropout) the kept tensors per token are, with w = the compute width (2, or 4 in
+    fp32), a = the width of the layer's own tensors (w; 4 under QLoRA, below), q = heads·head_dim,
+    kv = kv_heads·head_dim, i = intermediate_size:
 
-        per layer   A = 2·(4h + w·h)      two RMSNorms: HF computes them in fp32, keeping input and output
-                      + 2·w·(q + 2kv)     q, k, v before and after rotary / as the attention kernel keeps them
-                      + 2·w·q             attention output and o_proj input (the head merge copies)
-                      + 4·w·i             gate, up, SiLU(gate), their product (down_proj input)
-        logits      V·(8 + w)           lm_head output (w) + its fp32 upcast for the loss (4) + fp32
-                                        log-softmax kept for backward (4); in fp32 the upcast is a no-op: 8V
+        per layer   A = 2·(4h + a·h)      two RMSNorms: HF computes them in fp32, keeping input and output
+                      + (a + w)·(q + 2kv) q, k, v as projected / as the attention kernel keeps them
+                      + w·q (+ w·q)       attention output (+ its head-merged copy, o_proj's input, kept
+                                          only when o_proj's weight trains)
+                      + 3·a·i (+ a·i)     gate, up, SiLU(gate) (+ their product, down_proj's input, kept
+                                          only when down_proj's weight trains)
 
-    Without gradient checkpointing: s·b·(L·A + V·(8 + w) + (4 + w)·h)  (the last term: final norm).
-    With it (HF checkpoints every decoder layer): each layer keeps only its input (w·h) and one layer at a
-    time is recomputed in backward: s·b·(L·w·h + A + V·(8 + w) + (4 + w)·h).
+    ``trained``: the linear modules whose weights train (LoRA's targets); None: all (a full fine-tune).
+    A frozen linear needs only its weight for the input's gradient, so its input is not kept for it.
+    ``quantized`` (QLoRA): peft's prepare_model_for_kbit_training upcasts the norms and embeddings to
+    fp32 and bitsandbytes' linears return their input's dtype, so the residual stream, the norms' outputs
+    and every projection's output are fp32 (a = 4); only what the attention kernel keeps stays in w.
+    ``liger`` (use_liger_kernel): Liger's RMSNorm keeps its input and a per-row scale, not an fp32 copy
+    (each norm 2·a·h instead of 4h + a·h), and its SwiGLU recomputes SiLU(gate) in backward (the MLP's
+    3·a·i become 2·a·i).
+    Measured on an H200 (bench/results/gpu.md, 1B Llama, 2048 tokens, LoRA on q/v): LoRA 36.6·h bytes a
+    layer and token against 35.5·h here, with Liger 26.3·h against 26·h, QLoRA 53.6·h against 58.5·h.
+
+    The loss (``head``): "full" builds the logits, V·(8 + w) a token: lm_head output (w) + its fp32
+    upcast (4) + fp32 log-softmax kept for backward (4); in fp32 the upcast is a no-op: 8V. "fused":
+    TRL's fused LM head (SFT's path for big batches, contract/objectives.sft_full_logits) never builds
+    them: a copy of the scored hidden states (w·h a token) and one float32 tile of logits and of their
+    gradient (FUSED_HEAD_TILE_TOKENS x FUSED_HEAD_TILE_VOCAB at most).
+
+    Without gradient checkpointing: s·b·(L·A + logits + (4 + a)·h)  (the last term: final norm).
+    With it (HF checkpoints every decoder layer): each layer keeps only its input (a·h) and one layer at a
+    time is recomputed in backward: s·b·(L·a·h + A + logits + (4 + a)·h).
     s is the padded sequence length (TRL's ``max_length`` is the worst case), b the micro-batch.
-    The count errs high for LoRA (a frozen linear keeps no input for a weight gradient) and ignores small
-    tensors (rotary tables, attention log-sum-exp, LoRA's r-wide intermediates).
+    Small tensors are left out (rotary tables, attention log-sum-exp, LoRA's r-wide intermediates).
     """
     h, i, v = pc.hidden, pc.linear("gate_proj").out_features, pc.vocab
     q, kv = pc.linear("q_proj").out_features, pc.linear("k_proj").out_features
     w = width
-    per_layer = 2 * (4 * h + w * h) + 2 * w * (q + 2 * kv) + 2 * w * q + 4 * w * i
-    logits = v * (8 + (w if w < 4 else 0))
-    final_norm = (4 + w) * h
-    layers = pc.layers * w * h + per_layer if checkpointing else pc.layers * per_layer
-    return float(micro_batch * seq_len * (layers + logits + final_norm))
+    a = 4 if quantized else w
+    names = None if trained is None else set(trained)
+    o_kept = names is None or "o_proj" in names
+    down_kept = names is None or "down_proj" in names
+    per_layer = (
+        2 * (2 * a * h if liger else 4 * h + a * h)
+        + (a + w) * (q + 2 * kv)
+        + w * q * (2 if o_kept else 1)
+        + a * i * (2 if liger else 3)
+        + (a * i if down_kept else 0)
+    )
+    tokens = micro_batch * seq_len
+    if head == "fused":
+        logits_per_token = w * h
+        tile = 2 * 4 * min(tokens, FUSED_HEAD_TILE_TOKENS) * min(v, FUSED_HEAD_TILE_VOCAB)
+    else:
+        logits_per_token, tile = v * (8 + (w if w < 4 else 0)), 0
+    final_norm = (4 + a) * h
+    layers = pc.layers * a * h + per_layer if checkpointing else pc.layers * per_layer
+    return float(tokens * (layers + logits_per_token + final_norm) + tile)
 
 
 # ========================================================================================= estimate
@@ -973,12 +1011,15 @@ def estimate(
     gradient_checkpointing: bool = True,
     optim: str = "adamw_torch_fused",
     device: str = "cuda",
+    objective: str = "sft",
+    liger: bool = False,
 ) -> Estimate:
     """Estimate the peak memory per device (and host RAM per node) of one nbtrain run.
 
     The defaults are TRL's SFTConfig defaults (micro-batch 8, max_length 1024, gradient checkpointing
     on, adamw_torch_fused) and nbtrain's (LoRA r=8 on the model's default targets, NF4 with double
-    quantisation). ``world_size`` counts processes over all ``nodes``; ``device`` "cpu" drops the CUDA
+    quantisation). ``objective`` decides the loss's logits (SFT's fused head for big batches; the
+    others build them). ``world_size`` counts processes over all ``nodes``; ``device`` "cpu" drops the CUDA
     costs (the parts are then RAM per process), as "mps" (Apple's GPU, sharing the RAM) and "npu" do.
     Raises ``EstimateError`` for combinations nbtrain rejects.
     """
@@ -1032,7 +1073,11 @@ def estimate(
             + (f"{w}-byte (DeepSpeed casts them)" if zero else "fp32 (peft keeps adapters in fp32)")
         )
 
-    lay.parts["activations"] = activation_bytes(pc, micro_batch, seq_len, w, gradient_checkpointing)
+    fused = objective == "sft" and not sft_full_logits(micro_batch * seq_len, pc.vocab, device)
+    lay.parts["activations"] = activation_bytes(
+        pc, micro_batch, seq_len, w, gradient_checkpointing, trained=targets if method != "full" else None,
+        quantized=method == "qlora", head="fused" if fused else "full", liger=liger,
+    )  # fmt: skip
     lay.details["activations"] = (
         f"micro-batch {micro_batch} x {seq_len} tokens: "
         + (
@@ -1040,7 +1085,13 @@ def estimate(
             if gradient_checkpointing
             else "every layer kept"
         )
-        + f" + logits over {pc.vocab:,} tokens in fp32 for the loss"
+        + (" (fp32 under QLoRA)" if method == "qlora" else "")
+        + (", Liger's RMSNorm and SwiGLU" if liger else "")
+        + (
+            " + TRL's fused LM head (no logits built)"
+            if fused
+            else f" + logits over {pc.vocab:,} tokens in fp32 for the loss"
+        )
     )
     resident = gathered = 0.0
     if strategy == "zero3" and states is not None:
@@ -1079,6 +1130,7 @@ def estimate(
         "double_quant": double_quant, "precision": precision, "strategy": strategy, "offload": offload,
         "world_size": world_size, "nodes": nodes, "micro_batch": micro_batch, "seq_len": seq_len,
         "gradient_checkpointing": gradient_checkpointing, "optim": optim, "device": device,
+        "objective": objective, "liger": liger,
     }  # fmt: skip
     return Estimate(
         parts={k: round(v) for k, v in lay.parts.items()},
@@ -1154,6 +1206,8 @@ class Request:
     lora_dora: bool = False
     quant_bits: int = 4
     double_quant: bool = True
+    objective: str = "sft"
+    liger: bool = False  # use_liger_kernel: Liger's RMSNorm and SwiGLU keep less (activation_bytes)
     nodes: int = 1
 
     def estimate_kwargs(self) -> dict[str, Any]:

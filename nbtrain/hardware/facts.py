@@ -72,6 +72,8 @@ class Hardware:
     nvml_error: str | None = None
     accelerator: Accelerator | None = None  # an Apple MPS GPU or Ascend NPUs (see the module docstring)
     accelerator_note: str | None = None  # why something that looked like one is not used
+    # GPU kernel libraries installed (found, never imported): the plan's fast paths need them (FAST_KERNELS)
+    kernels: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -124,6 +126,18 @@ def npu_facts(
     if not ids:
         return None, f"torch_npu {torch_npu} is installed but no Ascend NPU is visible (/dev/davinci*)"
     return Accelerator("npu", len(ids), f"Ascend NPU x{len(ids)} (torch_npu {torch_npu})"), None
+
+
+# Optional GPU kernel libraries, by import name: Liger's Triton kernels (TRL's use_liger_kernel) and
+# flash-attention 2 (attn_implementation: flash_attention_2).
+FAST_KERNELS = ("liger_kernel", "flash_attn")
+
+
+def installed_kernels() -> tuple[str, ...]:
+    """Which of FAST_KERNELS this Python can import (``find_spec``: nothing is imported)."""
+    import importlib.util
+
+    return tuple(k for k in FAST_KERNELS if importlib.util.find_spec(k) is not None)
 
 
 def _installed(dist: str) -> str | None:
@@ -202,4 +216,5 @@ def probe(disk_path: str | Path = ".") -> Hardware:
         err,
         accelerator,
         note,
+        installed_kernels() if gpus else (),
     )

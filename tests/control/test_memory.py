@@ -311,6 +311,53 @@ def test_logits_for_the_loss_dominate_a_checkpointed_large_vocab_model() -> None
     assert logits / total > 0.5
 
 
+def test_sft_big_batches_on_a_gpu_count_trls_fused_head_and_other_objectives_the_logits() -> None:
+    pc = count_parameters(LLAMA3)
+    sft = estimate(LLAMA3, micro_batch=8, seq_len=1024)  # 8192 x 128,256 fp32 logits: 4 GiB > 64 MiB
+    dpo = estimate(LLAMA3, micro_batch=8, seq_len=1024, objective="dpo")
+    logits = 8 * 1024 * pc.vocab * (8 + 2)
+    assert dpo.parts["activations"] - sft.parts["activations"] > 0.8 * logits
+    assert "fused LM head" in sft.details["activations"]
+    # a CPU run scores batches up to 1 GiB of logits whole, as the worker does (sft_full_logits)
+    small = estimate(QWEN_SMALL, micro_batch=1, seq_len=256, device="cpu")
+    assert "logits over" in small.details["activations"]
+
+
+def test_liger_and_frozen_projections_keep_less_and_qlora_keeps_more() -> None:
+    pc = count_parameters(LLAMA3)
+    base = activation_bytes(pc, 1, 1024, 2, checkpointing=False, trained=("q_proj", "v_proj"))
+    assert (
+        activation_bytes(pc, 1, 1024, 2, checkpointing=False, trained=("q_proj", "v_proj"), liger=True) < base
+    )
+    assert activation_bytes(pc, 1, 1024, 2, checkpointing=False) > base  # a full fine-tune keeps every input
+    assert (
+        activation_bytes(pc, 1, 1024, 2, checkpointing=False, trained=("q_proj", "v_proj"), quantized=True)
+        > base
+    )
+
+
+PEAKS = json.loads((CONFIGS.parent / "gpu_peaks.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "peak",
+    PEAKS["peaks"],
+    ids=lambda p: "{method}-{micro_batch}x{seq_len}-gc{gradient_checkpointing}-liger{liger}".format(**p),
+)
+def test_the_estimate_is_within_15_percent_of_each_peak_an_h200_measured(peak: dict[str, Any]) -> None:
+    """max_memory_allocated counts live tensors: held to the estimate less its overhead part (CUDA context
+    and allocator reserve), as tests/worker/test_memory_measured does on a GPU."""
+    est = estimate(
+        {**PEAKS["shape"], "vocab_size": peak["vocab"]}, method=peak["method"], precision="bf16",
+        micro_batch=peak["micro_batch"], seq_len=peak["seq_len"],
+        gradient_checkpointing=peak["gradient_checkpointing"], liger=peak["liger"],
+    )  # fmt: skip
+    tensors = est.per_device_bytes - est.parts["overhead"]
+    err = peak["peak_bytes"] / tensors - 1
+    assert abs(err) <= 0.15, (f"{err:+.1%}", peak["source"], est.parts)
+    assert peak["peak_bytes"] <= est.per_device_bytes  # the whole estimate, overhead too, covers the peak
+
+
 # --------------------------------------------------------------------------------------- the estimate
 
 

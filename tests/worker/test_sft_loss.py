@@ -65,13 +65,13 @@ def test_plain_loss_path_matches_trl_loss_gradients_and_metrics(tiny_model: Path
 def test_big_logits_keep_trls_chunked_head(
     tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from nbtrain.contract import objectives
     from nbtrain.worker.recipes import sft
 
     lean = trainer(sft.sft_trainer(), tiny_model, tmp_path)
     batch = next(iter(lean.get_train_dataloader()))
-    monkeypatch.setattr(
-        sft, "LOGITS_BYTES", {"cpu": batch["input_ids"].numel() * lean.model.config.vocab_size * 4 - 1}
-    )
+    full = batch["input_ids"].numel() * lean.model.config.vocab_size * 4
+    monkeypatch.setattr(objectives, "SFT_FULL_LOGITS_BYTES", {"cpu": full - 1})
     assert not lean._plain_loss(batch)
     loss, metrics, _ = step(lean)  # TRL's own path still trains and logs
     assert loss > 0 and 0 <= metrics["mean_token_accuracy"] <= 1

@@ -51,6 +51,8 @@ def request_for(
         lora_targets=targets if isinstance(targets, str) else tuple(targets),
         quant_bits=config.quantization.bits if config.quantization else 4,
         double_quant=config.quantization.double_quant if config.quantization else True,
+        objective=config.objective,
+        liger=train.get("use_liger_kernel") is True,
         nodes=config.distributed.nodes,
     )
 

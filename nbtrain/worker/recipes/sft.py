@@ -9,7 +9,8 @@ trainer; train() runs it with the run-directory callback, resuming from the chec
 names, and saves the result to RUN_DIR/output (complete or absent); cleanup() closes the metric files.
 
 The trainer is SFTTrainer with one change, measured (bench/bench_llamafactory.py, bench/bench_real.py):
-when a batch's full logits are small enough (``LOGITS_BYTES``: on a CPU up to 1 GiB), the loss is the
+when a batch's full logits are small enough (contract/objectives.sft_full_logits: on a CPU up to 1 GiB,
+elsewhere 64 MiB; the memory estimate counts the same rule), the loss is the
 model's own (the Trainer's compute_loss) and the entropy / token-accuracy metrics come from those logits,
 instead of TRL's chunked LM-head kernel, which on a CPU scores every position through a custom autograd
 function and costs ~3 ms a step more on the tiny model (12 vs 9 ms) and ~10% of a SmolLM2-135M step.
@@ -23,16 +24,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from nbtrain.contract.objectives import sft_full_logits
 from nbtrain.worker.masks import own_masks, with_assistant_masks
 from nbtrain.worker.model import load_model, loraplus_optimizer, save_initial_adapter
 from nbtrain.worker.recipes.common import Recipe
-
-# A batch's float32 logits up to this size are built whole (the estimate counts them whole anyway). On a
-# CPU, RAM is plenty and TRL's chunked kernel is the slower path at any vocabulary (SmolLM2, vocab 49,152,
-# 8 x ~60 tokens, 94 MB of logits: ~3.2-3.6 s a step against 3.6-4.1 s, 2 cores); on an accelerator its
-# chunking keeps memory down, so only small batches there.
-LOGITS_BYTES = {"cpu": 2**30}
-LOGITS_BYTES_ELSEWHERE = 64 * 2**20
 
 
 class SFTRecipe(Recipe):
@@ -86,8 +81,7 @@ def sft_trainer() -> type:
             ):
                 return False
             vocab = model.config.get_text_config().vocab_size  # (ZeRO-3 weights are empty here)
-            cap = LOGITS_BYTES.get(ids.device.type, LOGITS_BYTES_ELSEWHERE)
-            return ids.numel() * vocab * 4 <= cap
+            return sft_full_logits(ids.numel(), vocab, ids.device.type)
 
         def compute_loss(
             self,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,37 @@ def test_estimate_report_lists_methods_and_strategies(workdir: Path) -> None:
     assert ("full", "zero3", "optimizer+params") in rows
     assert "method x strategy on this machine" in report.text()
     assert report.figure() is not None
+
+
+H200 = GPU(0, "NVIDIA H200", 141 * 2**30, 140 * 2**30, (9, 0))
+
+
+@pytest.mark.parametrize(
+    ("gpus", "kernels", "extra", "want", "says"),
+    [
+        ([H200], ("liger_kernel",), "", True, "Liger kernels on"),
+        ([H200], (), "", None, "liger-kernel is not installed"),
+        ([], ("liger_kernel",), "", None, None),  # never on a CPU
+        ([H200], ("liger_kernel",), "  use_liger_kernel: false\n", None, None),  # the user's word wins
+        ([T4], ("liger_kernel",), "", True, "Liger kernels on"),  # Triton runs on Turing too
+    ],
+)
+def test_liger_kernels_are_planned_from_the_facts(
+    workdir: Path, gpus: list[GPU], kernels: tuple[str, ...], extra: str, want: bool | None, says: str | None
+) -> None:
+    res = load_config(lora_yaml(extra=extra))
+    plan = make_plan(res, Hardware(gpus=gpus, cpu_count=2, kernels=kernels))
+    assert plan.liger is want
+    assert train_args(res, plan).get("use_liger_kernel") is (want or (False if extra else None))
+    liger_reasons = [r for r in plan.reasons if "Liger" in r or "liger" in r]
+    assert (says is None and not liger_reasons) or any(says in r for r in liger_reasons), plan.reasons
+    if want:  # and the estimate counts Liger's smaller activations
+        assert plan.estimate is not None and plan.estimate["inputs"]["liger"] is True
+
+
+def test_liger_is_left_to_sft(workdir: Path) -> None:
+    row = {"prompt": "2 + 2?", "chosen": "4", "rejected": "5"}
+    (workdir / "data" / "pref.jsonl").write_text(json.dumps(row) + "\n")
+    res = load_config(lora_yaml().replace("add.jsonl", "pref.jsonl") + "objective: dpo\n")
+    plan = make_plan(res, Hardware(gpus=[H200], cpu_count=2, kernels=("liger_kernel",)))
+    assert plan.liger is None and "use_liger_kernel" not in train_args(res, plan)
