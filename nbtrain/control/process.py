@@ -373,12 +373,12 @@ def signal_group(launch: Mapping[str, Any], sig: int) -> bool:
     return sent
 
 
-def wait_group_gone(launch: Mapping[str, Any], timeout: float) -> bool:
+def wait_group_gone(launch: Mapping[str, Any], timeout: float, interval: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not group_alive(launch):
             return True
-        time.sleep(0.1)
+        time.sleep(interval)
     return not group_alive(launch)
 
 

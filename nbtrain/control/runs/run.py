@@ -42,6 +42,8 @@ from nbtrain.control import process as launch
 from nbtrain.control.runs import registry
 from nbtrain.control.runs.follow import follow
 
+EXIT_WAIT = 30.0  # seconds Run.wait gives a finished run's processes to exit (a GPU's teardown takes some)
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -306,8 +308,15 @@ class Run:
         return how
 
     def wait(self, timeout: float | None = None, *, poll: float = 0.5, check: bool = True) -> RunStatus:
-        """Block until the run ends. With ``check`` (default) a failed run raises RunFailed."""
+        """Block until the run ends and, for up to EXIT_WAIT more seconds, until its processes have exited:
+        what they held (a GPU's memory above all) is then free for the next run's plan, which would
+        otherwise count it as taken by others. With ``check`` (default) a failed run raises RunFailed."""
+        started = time.monotonic()
         st = follow(self.status, timeout=timeout, interval=poll, what=f"run {self.id}")
+        info = launch.read_launch(self.paths)
+        if info is not None and launch.is_local(info) and not info.get("notebook"):
+            left = EXIT_WAIT if timeout is None else min(EXIT_WAIT, timeout - (time.monotonic() - started))
+            launch.wait_group_gone(info, max(0.0, left), interval=0.02)
         for shown in ON_WAITED:
             shown(self)
         if check and st.state == "failed":

@@ -80,3 +80,12 @@ def test_get_run_by_name_prefix_and_dir(workdir: Path) -> None:
     assert [r.id for r in nbtrain.runs()] == [run.id]
     # A queued run that never launched can still be stopped cleanly.
     assert run.stop().state == "stopped"
+
+
+def test_wait_returns_once_the_runs_processes_have_exited(workdir: Path) -> None:
+    """What a finished run held (a GPU's memory) is free when wait() returns: the next cell's plan must not
+    count it as another process's (on an H200 a finishing run's 77 GiB turned checkpointing on)."""
+    run = nbtrain.finetune(lora_yaml(3), name="exits")
+    assert run.wait(timeout=300).state == "completed"
+    info = launch.read_launch(run.paths)
+    assert info is not None and not launch.group_alive(info)
