@@ -29,17 +29,12 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, get_args
 
 import ipywidgets as widgets
 import yaml
-from jinja2 import TemplateError, nodes
-from jinja2.ext import Extension
-from jinja2.parser import Parser
-from jinja2.runtime import Macro
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2 import TemplateError
 from pydantic import BaseModel
 
 from nbtrain.contract.errors import ConfigError, NbtrainError, Problem
@@ -57,6 +52,7 @@ from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
 from nbtrain.contract.paths import runs_root
 from nbtrain.control import start as api
 from nbtrain.control.config import datasetinfo
+from nbtrain.control.config.chat_template import ChatTemplate, find_chat_template
 from nbtrain.control.config.choices import METHODS
 from nbtrain.control.config.datacheck import DataProblem, read_rows
 from nbtrain.control.config.preset import Preset, find_preset
@@ -530,126 +526,6 @@ def config_from_run(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------- chat template
-
-
-_GEN_START, _GEN_END = "\x00nbtrain-gen+\x00", "\x00nbtrain-gen-\x00"
-
-
-class GenerationTag(Extension):
-    """``{% generation %}...{% endgeneration %}`` as transformers defines it, for plain jinja2.
-
-    transformers uses the tag to find the assistant tokens (``assistant_only_loss``); here it renders
-    its body between markers, so the preview can show which text the loss is computed on.
-    """
-
-    tags = {"generation"}  # noqa: RUF012 - jinja2's API declares this as a plain class attribute
-
-    def parse(self, parser: Parser) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.CallBlock(self.call_method("_mark"), [], [], body).set_lineno(lineno)
-
-    def _mark(self, caller: Macro) -> str:
-        return f"{_GEN_START}{caller()}{_GEN_END}"
-
-
-def _raise_exception(message: str) -> None:
-    raise TemplateError(message)
-
-
-def _tojson(
-    x: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: Any = None,
-    sort_keys: bool = False,
-) -> str:
-    # transformers' version: jinja2's own tojson escapes HTML characters, which changes the prompt.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return time.strftime(fmt)
-
-
-@lru_cache(maxsize=8)
-def _compile(source: str) -> Any:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, "jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
-
-
-@dataclass(frozen=True)
-class ChatTemplate:
-    """A model's chat template and special tokens, read from its directory without transformers."""
-
-    source: str
-    origin: str  # the file it came from, for the preview's caption
-    tokens: Mapping[str, str] = field(default_factory=dict)  # bos_token, eos_token, ...
-
-    @property
-    def has_generation_blocks(self) -> bool:
-        return re.search(r"\{%-?\s*generation\s*-?%\}", self.source) is not None
-
-    def segments(self, messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
-        """The rendered conversation as (text, inside a generation block) pieces. Raises TemplateError."""
-        text = _compile(self.source).render(
-            messages=messages, add_generation_prompt=False, tools=None, documents=None, **self.tokens
-        )
-        out: list[tuple[str, bool]] = []
-        for i, piece in enumerate(re.split(f"{re.escape(_GEN_START)}|{re.escape(_GEN_END)}", text)):
-            if piece:
-                out.append((piece, i % 2 == 1))
-        return out
-
-    def render(self, messages: list[dict[str, Any]]) -> str:
-        """What ``tokenizer.apply_chat_template(messages, tokenize=False)`` gives. Raises TemplateError."""
-        return "".join(text for text, _ in self.segments(messages))
-
-
-def _token_text(v: Any) -> str | None:
-    if isinstance(v, str):
-        return v
-    if isinstance(v, Mapping) and isinstance(v.get("content"), str):  # a serialised AddedToken
-        return str(v["content"])
-    return None
-
-
-def _read_json_object(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def find_chat_template(model_dir: Path) -> ChatTemplate | None:
-    """The chat template transformers would use for the model in ``model_dir``, or None.
-
-    Looks where transformers does: ``chat_template.jinja`` first, then ``chat_template`` in
-    tokenizer_config.json (a string, or a list of named templates of which "default" is used).
-    """
-    cfg = _read_json_object(model_dir / "tokenizer_config.json")
-    tokens: dict[str, str] = {}
-    for src in (_read_json_object(model_dir / "special_tokens_map.json"), cfg):
-        for k, v in src.items():
-            text = _token_text(v)
-            if k.endswith("_token") and text is not None:
-                tokens[k] = text
-    jinja_file = model_dir / "chat_template.jinja"
-    if jinja_file.is_file():
-        return ChatTemplate(jinja_file.read_text(encoding="utf-8"), jinja_file.name, tokens)
-    tpl = cfg.get("chat_template")
-    if isinstance(tpl, list):
-        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, Mapping)}
-        tpl = named.get("default")
-    if isinstance(tpl, str) and tpl:
-        return ChatTemplate(tpl, "tokenizer_config.json", tokens)
-    return None
 
 
 # ------------------------------------------------------------------------------------ data preview
@@ -1829,7 +1705,6 @@ __all__ = [
     "STRATEGY_CHOICES",
     "ChatTemplate",
     "ConfigPanel",
-    "GenerationTag",
     "PanelField",
     "Preview",
     "PreviewRow",

@@ -52,6 +52,8 @@ class DataSource:
     tags: dict[str, str] | None = None
     # some sampled row marks which turns to train (ms-swift "loss", OpenAI "weight"): see flags_problem
     turn_flags: bool = False
+    # some sampled row defines tools or calls one: the chat template must render them (chat_template.py)
+    tools: bool = False
 
 
 class DataProblem(ValueError):
@@ -292,24 +294,42 @@ def inspect_data(
             )
     flags = has_turn_flags(rows, resolved, columns, tags)
     return DataSource(
-        spec, str(path), kind, resolved, len(rows), images=images, images_per_row=most, turn_flags=flags
-    )
+        spec, str(path), kind, resolved, len(rows), images=images, images_per_row=most, turn_flags=flags,
+        tools=has_tools(rows, resolved, columns, tags),
+    )  # fmt: skip
+
+
+def _examples(
+    rows: list[tuple[int, Any]], fmt: str, columns: dict[str, str] | None, tags: dict[str, str] | None
+) -> Iterator[dict[str, Any]]:
+    """The sampled chat rows (checked already) as examples; none for other formats."""
+    if fmt not in ("messages", "sharegpt"):
+        return
+    for _, row in rows:
+        try:
+            yield to_example(apply_columns(row, columns), fmt, vision=None, tags=tags)
+        except RowError:
+            continue
 
 
 def has_turn_flags(
     rows: list[tuple[int, Any]], fmt: str, columns: dict[str, str] | None, tags: dict[str, str] | None
 ) -> bool:
     """Whether some row (checked already) marks which of its turns to train (``loss`` / ``weight``)."""
-    if fmt not in ("messages", "sharegpt"):
-        return False
-    for _, row in rows:
-        try:
-            example = to_example(apply_columns(row, columns), fmt, vision=None, tags=tags)
-        except RowError:
-            continue
-        if any("train" in m for m in example.get("messages", []) if isinstance(m, Mapping)):
-            return True
-    return False
+    return any(
+        any("train" in m for m in ex.get("messages", []) if isinstance(m, Mapping))
+        for ex in _examples(rows, fmt, columns, tags)
+    )
+
+
+def has_tools(
+    rows: list[tuple[int, Any]], fmt: str, columns: dict[str, str] | None, tags: dict[str, str] | None
+) -> bool:
+    """Whether some row (checked already) defines tools or calls one."""
+    return any(
+        ex.get("tools") or any(isinstance(m, Mapping) and m.get("tool_calls") for m in ex.get("messages", []))
+        for ex in _examples(rows, fmt, columns, tags)
+    )
 
 
 def flags_problem(sources: list[DataSource], train: Mapping[str, Any] | None) -> str | None:

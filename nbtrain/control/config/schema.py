@@ -748,7 +748,11 @@ def _check_model(spec: str, base: Path, probs: _Problems, gguf_file: Any = None)
             f"machine write its path (./models/name or /abs/path/name)",
         )
         return "hub"
-    path = Path(spec).expanduser()
+    try:
+        path = Path(spec).expanduser()
+    except RuntimeError:  # "~name" of a user this machine does not know
+        probs.add(("model",), f"{spec!r}: no home folder is known for that user here; write the full path")
+        return "local"
     if not path.is_absolute():
         path = (base / path).resolve()
     if path.exists():
@@ -1529,6 +1533,13 @@ def load_config(
     flags = flags_problem([*train_sources, *sources.values()], train if isinstance(train, dict) else None)
     if flags:
         probs.add(("train", "assistant_only_loss"), flags)
+    with_tools = [Path(s.location).name for s in [*train_sources, *sources.values()] if s.tools]
+    if with_tools and isinstance(raw.get("model"), str):
+        from nbtrain.control.config.chat_template import tools_problem  # jinja2: only for tool rows
+
+        why = tools_problem(with_tools, raw["model"], train if isinstance(train, dict) else None)
+        if why:
+            probs.add(("model",), why)
     if raw.get("method") == "qlora":
         why = bitsandbytes_problem(tuple(sys.path))
         if why:

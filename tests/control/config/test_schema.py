@@ -200,3 +200,8 @@ def test_exponent_without_a_dot_gets_a_yaml_hint(workdir: Path) -> None:
     joined = "\n".join(out)
     assert "YAML reads 3e-3 as text; write 3.0e-3" in joined
     assert "YAML reads 5e-2 as text; write 5.0e-2" in joined
+
+
+def test_a_model_path_in_an_unknown_users_home_is_a_problem_not_a_crash(workdir: Path) -> None:
+    with pytest.raises(ConfigError, match="no home folder is known for that user"):
+        load_config(lora_yaml().replace("./tiny-llama", "~nbtrain-no-such-user/model"))
