@@ -635,7 +635,9 @@ def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
         msgs = item.example.get("messages") if item.example else None
         if msgs and out.template is not None:
             try:
-                item.segments = out.template.segments(msgs)
+                item.segments = out.template.segments(
+                    msgs, item.example.get("tools") if item.example else None
+                )
             except TemplateError as e:
                 item.template_error = f"{type(e).__name__}: {e}"
         out.rows.append(item)

@@ -760,3 +760,16 @@ def test_the_model_box_offers_model_folders_gguf_files_and_fetched_example_model
         "models/mine",
         str(tmp_path / "cache" / "examples" / "SmolLM2-135M-Instruct.Q4_1.gguf"),
     ]
+
+
+def test_preview_renders_tool_rows_with_their_tools_and_calls(workdir: Path) -> None:
+    from nbtrain.examples_tools import tool_model, tool_rows
+
+    tool_model(workdir / "tiny-llama", workdir / "tiny-tools")
+    rows = tool_rows(3)
+    (workdir / "data" / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pv = data_preview({"model": "./tiny-tools", "data": {"train": "data/tools.jsonl"}}, workdir)
+    text = "".join(t for t, _ in pv.rows[0].segments or [])
+    assert "You may call: get_weather(city) add(a, b)" in text  # the definitions, from the row's tools
+    assert "<call>get_weather {" in text and "<|tool|>" in text  # the call and its result
+    assert any(trained and "<call>" in t for t, trained in pv.rows[0].segments or [])  # the call trains
