@@ -185,13 +185,22 @@ def throughput(times: list[tuple[int, float]], tokens_per_step: int) -> float:
 
 
 def run_nbtrain(
-    model: Path, data: Path, method: str, steps: int, seq: int, name: str, liger: bool | None = None
+    model: Path,
+    data: Path,
+    method: str,
+    steps: int,
+    seq: int,
+    name: str,
+    liger: bool | None = None,
+    sdpa: bool = False,
 ) -> dict[str, Any]:
     import nbtrain
     from nbtrain.contract.rundir import read_json, read_jsonl
     from nbtrain.control import process as launch
 
     liger_key = "" if liger is None else f", use_liger_kernel: {str(liger).lower()}"  # None: the plan's
+    if sdpa:
+        liger_key += ", model_init_kwargs: {attn_implementation: sdpa}"
     config = textwrap.dedent(
         f"""
         model: {model}
@@ -225,6 +234,8 @@ def run_nbtrain(
         "peak_bytes": peak, "micro_batch": micro, "grad_accum": accum, "precision": plan["precision"],
         "gradient_checkpointing": args.get("gradient_checkpointing", True),
         "use_liger_kernel": bool(args.get("use_liger_kernel")),
+        "attn_implementation": (args.get("model_init_kwargs") or {}).get("attn_implementation")
+        or plan.get("attn_implementation") or "sdpa",
         "plan_reasons": plan["reasons"],
         "estimate_tensor_bytes": tensors,
         "peak_vs_estimate": (peak / tensors) if peak and tensors else None,
@@ -255,18 +266,27 @@ def run_bare(
     }  # fmt: skip
 
 
-MODES = ("nbtrain auto", "nbtrain liger-off", "nbtrain liger-on", "TRL defaults", "TRL defaults liger")
+MODES = (
+    "nbtrain auto",
+    "nbtrain liger-off",
+    "nbtrain liger-on",
+    "nbtrain sdpa",
+    "TRL defaults",
+    "TRL defaults liger",
+)
 
 
 def modes(method: str, gpu: bool) -> list[str]:
-    """nbtrain's auto plan against TRL's defaults; on a GPU with liger-kernel installed, Liger's kernels
-    (``use_liger_kernel``: RMSNorm, SwiGLU, rotary) off and on as well: for LoRA both ways in both,
-    for a full fine-tune and QLoRA in nbtrain (its plan turns them on for LoRA and full, not QLoRA)."""
+    """nbtrain's auto plan against TRL's defaults, and on a GPU each fast path the plan takes, turned off:
+    Liger's kernels (``use_liger_kernel``: RMSNorm, SwiGLU, rotary; for LoRA also TRL's defaults with
+    them) where liger-kernel is installed, flash-attention 2 (for LoRA) where flash-attn is."""
     out = ["nbtrain auto", "TRL defaults"]
     if gpu and importlib.util.find_spec("liger_kernel") is not None:
-        out.insert(1, "nbtrain liger-on" if method == "qlora" else "nbtrain liger-off")
+        out.insert(1, "nbtrain liger-off")
         if method == "lora":
             out.append("TRL defaults liger")
+    if gpu and method == "lora" and importlib.util.find_spec("flash_attn") is not None:
+        out.insert(1, "nbtrain sdpa")  # the plan picks flash-attention 2 where installed: the other way
     return out
 
 
@@ -355,7 +375,8 @@ def main() -> int:
                         if mode.startswith("nbtrain"):
                             name = f"{size}-{method}-{len(res['rows'])}"
                             liger = {"nbtrain liger-off": False, "nbtrain liger-on": True}.get(mode)
-                            r = run_nbtrain(model, data, method, steps, seq, name, liger=liger)
+                            r = run_nbtrain(model, data, method, steps, seq, name, liger=liger,
+                                            sdpa=mode == "nbtrain sdpa")  # fmt: skip
                         else:
                             more = {**extra, "use_liger_kernel": True} if "liger" in mode else extra
                             r = run_bare(model, data, method, steps, work, more)

@@ -185,6 +185,11 @@ def load_model(
         kwargs["dtype"] = compute_dtype(plan) if on_gpu else torch.float32
     else:
         kwargs["dtype"] = torch.float32  # full fine-tune keeps fp32 master weights; AMP does the rest
+    # the attention kernel: the run's own (train: model_init_kwargs), else the plan's (flash_attention_2
+    # where the facts allow it), else transformers' default
+    attn = (args.get("model_init_kwargs") or {}).get("attn_implementation") or plan.get("attn_implementation")
+    if attn:
+        kwargs["attn_implementation"] = attn
     auto, head = auto_class(cfg)
     model: Any = auto.from_pretrained(cfg["model"], **kwargs, **head)
     if method == "full" and is_vision(cfg):

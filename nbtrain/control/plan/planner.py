@@ -39,6 +39,9 @@ class Plan:
     # the activations without it would not fit
     gradient_checkpointing: bool | None = None
     liger: bool | None = None  # use_liger_kernel when the planner chose it (train: left it out)
+    # the attention kernel the model loads with when the planner chose it (flash_attention_2); None:
+    # transformers' default (SDPA)
+    attn_implementation: str | None = None
     # Estimate.to_dict() of this plan, with the fit rule's capacity_bytes and usable_bytes, and the device
     estimate: dict[str, Any] | None = None
     fits: bool = True  # by nbtrain.control.plan.fit, the one rule the estimate's table uses too
@@ -315,6 +318,40 @@ LIGER_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "
 
 
 def _plan_kernels(cfg: RunConfig, hw: Hardware, plan: Plan, mc: Mapping[str, Any] | None) -> None:
+    """The GPU fast paths, each from facts and with its reason: the attention kernel, and Liger's."""
+    _plan_attention(cfg, hw, plan)
+    _plan_liger(cfg, hw, plan, mc)
+
+
+FLASH_ATTENTION_CC = (8, 0)  # flash-attention 2 runs on Ampere and newer
+
+
+def _plan_attention(cfg: RunConfig, hw: Hardware, plan: Plan) -> None:
+    """flash_attention_2 where flash-attn is installed, every GPU this run uses is Ampere or newer and
+    the run is in 16 bits; otherwise transformers' default, PyTorch's SDPA (its own flash kernel where the
+    card has one). A run that names one (train: model_init_kwargs: attn_implementation) keeps it."""
+    asked = (cfg.train.get("model_init_kwargs") or {}).get("attn_implementation")
+    if plan.device != "cuda" or asked is not None or "flash_attn" not in hw.kernels:
+        return
+    gpus = [g for g in hw.gpus if g.index in plan.gpus] or hw.gpus
+    old = [g for g in gpus if g.compute_capability < FLASH_ATTENTION_CC]
+    if old:
+        cc = ".".join(map(str, old[0].compute_capability))
+        plan.reasons.append(
+            f"attention sdpa: flash-attn is installed, but flash-attention 2 needs compute capability 8.0 "
+            f"or newer ({old[0].name}: {cc})"
+        )
+    elif plan.precision not in ("bf16", "fp16"):
+        plan.reasons.append(f"attention sdpa: flash-attention 2 runs in bf16 or fp16, not {plan.precision}")
+    else:
+        plan.attn_implementation = "flash_attention_2"
+        plan.reasons.append(
+            "attention flash_attention_2: flash-attn is installed and the GPU has compute capability >= 8.0 "
+            "(train: model_init_kwargs: {attn_implementation: sdpa} to use PyTorch's instead)"
+        )
+
+
+def _plan_liger(cfg: RunConfig, hw: Hardware, plan: Plan, mc: Mapping[str, Any] | None) -> None:
     """use_liger_kernel left out: on where every fact says it runs and pays (LIGER_MODEL_TYPES), with the
     reason; never on a CPU, an Apple or Ascend device, or without liger-kernel installed."""
     if "use_liger_kernel" in cfg.train or plan.device != "cuda" or cfg.objective != "sft":

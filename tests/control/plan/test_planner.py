@@ -239,3 +239,24 @@ def test_liger_is_left_to_sft(workdir: Path) -> None:
     res = load_config(lora_yaml().replace("add.jsonl", "pref.jsonl") + "objective: dpo\n")
     plan = make_plan(res, Hardware(gpus=[H200], cpu_count=2, kernels=("liger_kernel",)))
     assert plan.liger is None and "use_liger_kernel" not in train_args(res, plan)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "kernels", "extra", "want", "says"),
+    [
+        ([A100], ("flash_attn",), "", "flash_attention_2", "attention flash_attention_2"),
+        ([T4], ("flash_attn",), "", None, "needs compute capability 8.0"),  # Turing has no FA2
+        ([A100], (), "", None, None),  # not installed: transformers' default, nothing to say
+        ([], ("flash_attn",), "", None, None),  # never on a CPU
+        ([A100], ("flash_attn",), "precision: fp32\n", None, "not fp32"),
+        ([A100], ("flash_attn",), "train:\n  model_init_kwargs: {attn_implementation: sdpa}\n", None, None),
+    ],
+)
+def test_the_attention_kernel_is_planned_from_the_facts(
+    workdir: Path, gpus: list[GPU], kernels: tuple[str, ...], extra: str, want: str | None, says: str | None
+) -> None:
+    text = lora_yaml() + extra if not extra.startswith("train:") else lora_yaml(extra=extra.split("\n", 1)[1])
+    plan = make_plan(load_config(text), Hardware(gpus=gpus, cpu_count=2, kernels=kernels))
+    assert plan.attn_implementation == want
+    said = [r for r in plan.reasons if r.startswith("attention")]
+    assert (says is None and not said) or any(says in r for r in said), plan.reasons
