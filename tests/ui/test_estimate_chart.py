@@ -34,7 +34,7 @@ def test_one_segment_per_part_with_the_estimates_bytes() -> None:
 
 
 def test_capacity_is_marked_on_every_device() -> None:
-    est = estimate(CONFIG, method="full", world_size=1)
+    est = estimate(CONFIG, method="full", world_size=1, micro_batch=64, seq_len=2048)  # ~24 GiB: 80 is drawn
     fig = estimate_figure(est, capacity_bytes=80 * GiB)
     (cap,) = [t for t in fig.data if t.type == "scatter"]
     assert cap.name == "GPU capacity"
@@ -77,7 +77,7 @@ def test_the_fit_rules_usable_line_and_verdict_are_on_the_chart() -> None:
     from nbtrain.hardware import GPU, Hardware
 
     card = GPU(0, "NVIDIA A100-SXM4-80GB", 80 * GiB, 30 * GiB, (8, 0))  # another process holds 50 GiB
-    est = estimate(CONFIG, method="full", micro_batch=64, seq_len=2048)
+    est = estimate(CONFIG, method="full", micro_batch=64, seq_len=4096)  # ~39 GiB: over the 30 usable
     fit = fits(est, Hardware(gpus=[card], ram_total=256 * GiB, ram_available=200 * GiB))
     assert not fit.ok
     fig = estimate_figure(est, fit=fit)
