@@ -292,44 +292,32 @@ def inspect_data(
                 f"{path.name}: all {len(rows)} rows have label {str(only).lower()}; KTO learns from both "
                 f"desirable (label: true) and undesirable (label: false) completions"
             )
-    flags = has_turn_flags(rows, resolved, columns, tags)
+    flags, tools = chat_facts(rows, resolved, columns, tags)
     return DataSource(
         spec, str(path), kind, resolved, len(rows), images=images, images_per_row=most, turn_flags=flags,
-        tools=has_tools(rows, resolved, columns, tags),
+        tools=tools,
     )  # fmt: skip
 
 
-def _examples(
+def chat_facts(
     rows: list[tuple[int, Any]], fmt: str, columns: dict[str, str] | None, tags: dict[str, str] | None
-) -> Iterator[dict[str, Any]]:
-    """The sampled chat rows (checked already) as examples; none for other formats."""
+) -> tuple[bool, bool]:
+    """Of the sampled chat rows (checked already), in one pass: whether some row marks which of its turns
+    to train (``loss`` / ``weight``), and whether some row defines tools or calls one."""
+    flags = tools = False
     if fmt not in ("messages", "sharegpt"):
-        return
+        return flags, tools
     for _, row in rows:
         try:
-            yield to_example(apply_columns(row, columns), fmt, vision=None, tags=tags)
+            ex = to_example(apply_columns(row, columns), fmt, vision=None, tags=tags)
         except RowError:
             continue
-
-
-def has_turn_flags(
-    rows: list[tuple[int, Any]], fmt: str, columns: dict[str, str] | None, tags: dict[str, str] | None
-) -> bool:
-    """Whether some row (checked already) marks which of its turns to train (``loss`` / ``weight``)."""
-    return any(
-        any("train" in m for m in ex.get("messages", []) if isinstance(m, Mapping))
-        for ex in _examples(rows, fmt, columns, tags)
-    )
-
-
-def has_tools(
-    rows: list[tuple[int, Any]], fmt: str, columns: dict[str, str] | None, tags: dict[str, str] | None
-) -> bool:
-    """Whether some row (checked already) defines tools or calls one."""
-    return any(
-        ex.get("tools") or any(isinstance(m, Mapping) and m.get("tool_calls") for m in ex.get("messages", []))
-        for ex in _examples(rows, fmt, columns, tags)
-    )
+        msgs = [m for m in ex.get("messages", []) if isinstance(m, Mapping)]
+        flags = flags or any("train" in m for m in msgs)
+        tools = tools or bool(ex.get("tools")) or any(m.get("tool_calls") for m in msgs)
+        if flags and tools:
+            break
+    return flags, tools
 
 
 def flags_problem(sources: list[DataSource], train: Mapping[str, Any] | None) -> str | None:
@@ -441,5 +429,5 @@ def _inspect_hub(
         data_files=data_files,
         images=images,
         images_per_row=most,
-        turn_flags=has_turn_flags(sample.rows, resolved, columns, tags),
+        turn_flags=chat_facts(sample.rows, resolved, columns, tags)[0],
     )
