@@ -663,9 +663,15 @@ def _message_html(m: Mapping[str, Any]) -> str:
             for p in content
         )
     else:
-        body = html.escape(_clip(str(content)))
+        body = html.escape(_clip(str(content or "")))
+    for call in m.get("tool_calls") or []:  # an assistant turn that calls tools: each call, readable
+        fn = call.get("function") or {} if isinstance(call, Mapping) else {}
+        args = fn.get("arguments")
+        text = f"{fn.get('name')}({args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)})"
+        body += ("\n" if body else "") + f"<span style='{CHIP_STYLE}'>call</span> " + html.escape(_clip(text))
+    role = m["role"] + (f" · {m['name']}" if m["role"] == "tool" and m.get("name") else "")
     return (
-        f"<div><span style='color:{colour};font-weight:bold'>{html.escape(m['role'])}</span>"
+        f"<div><span style='color:{colour};font-weight:bold'>{html.escape(role)}</span>"
         f"<pre style='{_PRE};margin-left:1em'>{body}</pre></div>"
     )
 

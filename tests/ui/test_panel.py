@@ -773,3 +773,7 @@ def test_preview_renders_tool_rows_with_their_tools_and_calls(workdir: Path) -> 
     assert "You may call: get_weather(city) add(a, b)" in text  # the definitions, from the row's tools
     assert "<call>get_weather {" in text and "<|tool|>" in text  # the call and its result
     assert any(trained and "<call>" in t for t, trained in pv.rows[0].segments or [])  # the call trains
+    from nbtrain.ui.panel import preview_html
+
+    shown = preview_html(pv)  # the role-by-role view names the call, not an empty assistant turn
+    assert "call</span> get_weather({" in shown
