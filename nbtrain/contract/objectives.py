@@ -131,3 +131,44 @@ def sft_full_logits(tokens: int, vocab: int, device: str) -> bool:
     device type: "cpu", "cuda", ...) rather than through TRL's fused LM head."""
     cap = SFT_FULL_LOGITS_BYTES.get(device, SFT_FULL_LOGITS_BYTES_ELSEWHERE)
     return tokens * vocab * 4 <= cap
+
+
+# --- SFT's padding-free batches: shared by the planner (which model types, the reason) and the worker
+# (worker/data.PaddingFreeWhereCheaper decides batch by batch).
+#
+# Text decoders whose attention keeps rows laid end to end in one sequence apart when the batch carries
+# position_ids and no attention mask (transformers' masking_utils finds the packed rows from the restarts
+# in position_ids; flash-attention 2 takes their boundaries). Each is checked by
+# tests/contract/test_objectives.py: a batch's loss flattened equals its loss padded.
+PACKED_MODEL_TYPES = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
+    "granite", "olmo", "olmo2", "phi", "phi3", "smollm3", "starcoder2", "cohere", "gpt2", "gpt_neox",
+)  # fmt: skip
+# How much more memory a flattened batch's dense attention (SDPA or eager: one T x T block-diagonal mask
+# over the whole sequence) may keep than the padded batch's, over all layers.
+PADDING_FREE_EXTRA_ATTENTION_BYTES = 256 * 2**20
+
+
+def padding_free_cheaper(
+    lengths: list[int], *, layer_params: int, attention_width: int, heads: int, layers: int, varlen: bool
+) -> bool:
+    """Whether a batch of rows of these ``lengths`` (tokens) costs less laid end to end (one sequence, no
+    padding) than padded to its longest row, for a decoder whose layers each multiply by ``layer_params``
+    weights and attend over ``heads`` heads ``attention_width`` wide (heads x head_dim).
+
+    Per layer and forward pass (backward is about twice both): the weights cost 2 x params FLOPs a
+    position, the attention 4 x attention_width a query-key pair (scores, then their weighted sum).
+    Padded, every row pays for the longest's positions and pairs (B x L^2). Flattened, no padding is
+    multiplied, but an attention that takes a mask (SDPA, eager) scores every pair of the one sequence
+    (T^2 for T tokens) and keeps them, so a batch of long rows is cheaper padded; flash-attention 2
+    (``varlen``) scores each row's own pairs only, so flattening never costs more. The dense kernels'
+    extra scores are also bounded in memory (PADDING_FREE_EXTRA_ATTENTION_BYTES, float32)."""
+    if len(lengths) < 2:
+        return False
+    total, longest = sum(lengths), max(lengths)
+    padded_pairs = len(lengths) * longest * longest
+    flat_pairs = sum(n * n for n in lengths) if varlen else total * total
+    padded = 2 * layer_params * len(lengths) * longest + 4 * attention_width * padded_pairs
+    flat = 2 * layer_params * total + 4 * attention_width * flat_pairs
+    extra = max(0, flat_pairs - padded_pairs) * heads * 4 * layers
+    return flat < padded and (varlen or extra <= PADDING_FREE_EXTRA_ATTENTION_BYTES)

@@ -22,7 +22,7 @@ from nbtrain.contract.formats import (
     show_row,
     to_example,
 )
-from nbtrain.contract.objectives import OBJECTIVES
+from nbtrain.contract.objectives import OBJECTIVES, padding_free_cheaper
 
 Preprocess = Callable[[dict[str, Any]], dict[str, Any]]  # hooks: preprocess (nbtrain.worker.hooks)
 
@@ -219,6 +219,73 @@ class ImageRowsFirst:
 
     def __call__(self, rows: list[dict[str, Any]]) -> Any:
         return self.collate(sorted(rows, key=lambda row: not row.get("images")))
+
+
+class PaddingFreeWhereCheaper:
+    """SFT's collator when the plan chose padding-free batches (plan: padding_free): each batch goes to
+    TRL's padding-free collator (its rows laid end to end in one sequence, position_ids restarting at each
+    row, no attention mask) when that costs less than padding them (contract/objectives.
+    padding_free_cheaper, from the model's facts), and to the padded one otherwise. Both build the same
+    labels, so the loss is the same either way; only the padding's cost goes. The first batch of each
+    kind is reported in the log."""
+
+    # only flash-attention's varlen kernels read these; the dense paths would receive them as unknown kwargs
+    VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+    def __init__(self, padded: Any, model: Any, pad_token_id: int, pad_to_multiple_of: int | None) -> None:
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+        self.padded = padded
+        self.flat = DataCollatorForLanguageModeling(
+            pad_token_id=pad_token_id, padding_free=True, pad_to_multiple_of=pad_to_multiple_of
+        )
+        self.facts = model_attention_facts(model)
+        self.seen: set[bool] = set()
+
+    def __call__(self, rows: list[dict[str, Any]]) -> Any:
+        lengths = [len(row["input_ids"]) for row in rows]
+        flat = padding_free_cheaper(lengths, **self.facts)
+        if flat not in self.seen:
+            self.seen.add(flat)
+            how = "laid end to end (padding-free)" if flat else "padded (cheaper than padding-free here)"
+            print(
+                f"nbtrain: a batch of {len(rows)} rows, {sum(lengths):,} tokens "
+                f"({len(rows) * max(lengths):,} padded): {how}",
+                flush=True,
+            )
+        if not flat:
+            return self.padded(rows)
+        batch = self.flat(rows)
+        if not self.facts["varlen"]:
+            for key in self.VARLEN_KEYS:
+                batch.pop(key, None)
+        return batch
+
+
+def model_attention_facts(model: Any) -> dict[str, Any]:
+    """What padding_free_cheaper weighs, from the model: its decoder layers' weights (a layer's share of
+    every weight matrix outside the embeddings and the LM head; ZeRO-3's full sizes), the attention's
+    width and heads, the layers, and whether the attention is flash-attention's (varlen)."""
+    config = model.config.get_text_config()
+    layers = int(config.num_hidden_layers)
+    heads = int(config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    weights = sum(
+        int(getattr(p, "ds_numel", p.numel()))
+        for name, p in model.named_parameters()
+        if p.dim() >= 2
+        and "embed" not in name
+        and "lm_head" not in name
+        and name.rpartition(".")[2] not in ("wte", "wpe")
+    )
+    attn = str(getattr(model.config, "_attn_implementation", None) or "sdpa")
+    return {
+        "layer_params": weights // max(layers, 1),
+        "attention_width": heads * int(head_dim),
+        "heads": heads,
+        "layers": layers,
+        "varlen": attn.startswith("flash_attention"),
+    }
 
 
 # An image a row names by URL is fetched once, while the rows are prepared; larger ones are refused.

@@ -284,3 +284,44 @@ def test_builtin_rewards_score_format_and_length() -> None:
         0.5,
         0.0,
     ]
+
+
+# --- padding-free batches: the cost rule (contract/objectives.padding_free_cheaper)
+
+SMOL = {"layer_params": 3_981_312, "attention_width": 576, "heads": 9, "layers": 30}  # SmolLM2-135M
+
+
+def test_short_rows_are_cheaper_laid_end_to_end_than_padded() -> None:
+    from nbtrain.contract.objectives import padding_free_cheaper
+
+    # the bench's rows: 8 of 20-90 tokens, where flattening measured 1.34x the steps/s
+    assert padding_free_cheaper([20, 35, 52, 60, 44, 90, 71, 30], **SMOL, varlen=False)
+
+
+def test_long_rows_stay_padded_where_attention_would_score_every_pair() -> None:
+    from nbtrain.contract.objectives import padding_free_cheaper
+
+    long_rows = [300, 650, 900, 1000, 700, 450, 800, 520]  # flattened: 5,320 tokens, 28M pairs a head
+    assert not padding_free_cheaper(long_rows, **SMOL, varlen=False)
+    assert padding_free_cheaper(long_rows, **SMOL, varlen=True)  # flash-attention: each row's own pairs
+
+
+def test_flattening_is_refused_where_its_attention_would_keep_too_much_memory() -> None:
+    from nbtrain.contract.objectives import PADDING_FREE_EXTRA_ATTENTION_BYTES, padding_free_cheaper
+
+    # a 7B-like layer: the weights dominate, so flattening 8 x 600 tokens costs fewer FLOPs, but SDPA would
+    # keep 32 heads x 4,800^2 scores in every layer
+    big = {"layer_params": 200_000_000, "attention_width": 4096, "heads": 32, "layers": 32}
+    rows = [600, 500, 700, 400, 650, 550, 620, 1024]
+    extra = (sum(rows) ** 2 - 8 * 1024**2) * 32 * 4 * 32
+    assert extra > PADDING_FREE_EXTRA_ATTENTION_BYTES
+    assert not padding_free_cheaper(rows, **big, varlen=False)
+    assert padding_free_cheaper(rows, **big, varlen=True)
+
+
+def test_one_row_or_equal_rows_have_nothing_to_gain() -> None:
+    from nbtrain.contract.objectives import padding_free_cheaper
+
+    assert not padding_free_cheaper([50], **SMOL, varlen=True)
+    assert not padding_free_cheaper([50, 50, 50], **SMOL, varlen=True)
+    assert not padding_free_cheaper([], **SMOL, varlen=False)

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-def trainer(cls: type, tiny_model: Path, tmp_path: Path) -> Any:
+def trainer(cls: type, tiny_model: Path, tmp_path: Path, rows: list[dict[str, Any]] | None = None) -> Any:
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -23,7 +23,7 @@ def trainer(cls: type, tiny_model: Path, tmp_path: Path) -> Any:
     model = get_peft_model(
         AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=4, task_type="CAUSAL_LM")
     )
-    rows = Dataset.from_list(dataset_rows(n=16))
+    data = Dataset.from_list(rows or dataset_rows(n=16))
     args = SFTConfig(
         output_dir=str(tmp_path / cls.__name__),
         use_cpu=True,
@@ -32,7 +32,7 @@ def trainer(cls: type, tiny_model: Path, tmp_path: Path) -> Any:
         gradient_accumulation_steps=2,  # the Trainer's loss scaling for accumulation is part of the step
     )
     return cls(
-        model=model, args=args, train_dataset=rows, processing_class=AutoTokenizer.from_pretrained(tiny_model)
+        model=model, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(tiny_model)
     )
 
 

@@ -54,6 +54,27 @@ class SFTRecipe(Recipe):
         self.make_trainer(
             sft_trainer(), model, ready, **({"optimizers": (optimizer, None)} if optimizer else {})
         )
+        padding_free(self.trainer, run.plan)
+
+
+def padding_free(trainer: Any, plan: dict[str, Any]) -> None:
+    """The plan's padding-free batches (plan: padding_free, planner._plan_padding_free): TRL's padded
+    collator wrapped so each batch is laid end to end where that is cheaper (worker/data.py). Left as it
+    is where TRL already flattens (train: padding_free, BFD packing) or the collator is not TRL's text one
+    (a notebook's own, a vision run's)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from nbtrain.worker.data import PaddingFreeWhereCheaper
+
+    collator = trainer.data_collator
+    if not plan.get("padding_free") or trainer.padding_free:
+        return
+    if type(collator) is not DataCollatorForLanguageModeling:
+        return
+    trainer.model.config.use_cache = False  # with a cache, transformers does not look for packed rows
+    trainer.data_collator = PaddingFreeWhereCheaper(
+        collator, trainer.model, collator.pad_token_id, collator.pad_to_multiple_of
+    )
 
 
 @functools.cache
@@ -122,5 +143,17 @@ def sft_trainer() -> type:
                 self._total_train_tokens += int(tokens) // self._tp_size
             self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
             return (loss, outputs) if return_outputs else loss
+
+        def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+            """A padding-free batch (position_ids, no attention mask) has no padding to leave out, and its
+            rows' own end-of-turn tokens may be the pad token, which the Trainer's non-padding count would
+            drop: every position is counted."""
+            args: Any = self.args
+            flat = "attention_mask" not in inputs and "position_ids" in inputs and "input_ids" in inputs
+            if args.include_num_input_tokens_seen == "non_padding" and flat:
+                n = torch.as_tensor(inputs["input_ids"].numel(), device=args.device, dtype=torch.int64)
+                self.state.num_input_tokens_seen += int(self.accelerator.gather(n).sum().item())
+                return
+            super()._track_num_input_tokens(inputs)
 
     return LeanSFTTrainer

@@ -260,3 +260,31 @@ def test_the_attention_kernel_is_planned_from_the_facts(
     assert plan.attn_implementation == want
     said = [r for r in plan.reasons if r.startswith("attention")]
     assert (says is None and not said) or any(says in r for r in said), plan.reasons
+
+
+@pytest.mark.parametrize(
+    ("extra", "objective", "want"),
+    [
+        ("", "", True),  # SFT on a llama decoder: batches flattened where cheaper
+        ("  padding_free: false\n", "", None),  # the user's word wins
+        ("  packing: true\n", "", None),  # packing decides the layout itself
+    ],
+)
+def test_padding_free_batches_are_planned_for_sft_on_decoders_that_keep_rows_apart(
+    workdir: Path, extra: str, objective: str, want: bool | None
+) -> None:
+    res = load_config(lora_yaml(extra=extra) + objective)
+    plan = make_plan(res, Hardware(cpu_count=2))
+    assert plan.padding_free is want
+    said = [r for r in plan.reasons if r.startswith("padding-free")]
+    assert bool(said) is bool(want), plan.reasons
+    if want:
+        assert "llama decoder" in said[0] and "padding_free: false" in said[0]
+        assert "padding_free" not in train_args(res, plan)  # TRL's own flag stays off: nbtrain's collator
+
+
+def test_padding_free_is_left_to_sft(workdir: Path) -> None:
+    row = {"prompt": "2 + 2?", "chosen": "4", "rejected": "5"}
+    (workdir / "data" / "pref.jsonl").write_text(json.dumps(row) + "\n")
+    res = load_config(lora_yaml().replace("add.jsonl", "pref.jsonl") + "objective: dpo\n")
+    assert make_plan(res, Hardware(cpu_count=2)).padding_free is None
