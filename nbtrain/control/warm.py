@@ -175,13 +175,35 @@ def status(env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
 
 
 def stop(env: Mapping[str, str] | None = None) -> int:
-    """SIGTERM every warm process of this user listed in the warm folder; returns how many."""
+    """SIGTERM every warm process of this user in the warm folder, the ready ones and those still
+    importing (found by the lock each holds, which names it); returns how many."""
+    pids = {int(row["pid"]) for row in status(env)} | set(
+        _starting(proto.warm_dir(os.environ if env is None else env))
+    )
     n = 0
-    for row in status(env):
+    for pid in pids:
         with contextlib.suppress(psutil.Error, OSError):
-            psutil.Process(int(row["pid"])).send_signal(signal.SIGTERM)
+            psutil.Process(pid).send_signal(signal.SIGTERM)
             n += 1
     return n
+
+
+def _starting(folder: Path) -> list[int]:
+    """The warm processes holding a lock in ``folder``, from what each wrote in it ("PID CREATED"),
+    checked against the process itself (a reused pid is left alone)."""
+    out = []
+    for lock in folder.glob("*.lock"):
+        try:
+            pid, created = lock.read_text().split()
+            proc = psutil.Process(int(pid))
+            if abs(proc.create_time() - float(created)) > 1 or not _held(lock):
+                continue
+            if "nbtrain.worker.warm" not in " ".join(proc.cmdline()):
+                continue
+        except (OSError, ValueError, psutil.Error):
+            continue
+        out.append(int(pid))
+    return out
 
 
 def _job_env() -> dict[str, str]:

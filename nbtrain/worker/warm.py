@@ -270,6 +270,8 @@ def serve(idle: float) -> int:
     except BlockingIOError:
         print(f"nbtrain warm: another warm process serves key {key}", flush=True)
         return 0
+    os.ftruncate(lock, 0)  # who holds it, for a stop that comes while the imports still run
+    os.write(lock, f"{os.getpid()} {_created()}".encode())
     failed = preload()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():  # a fork would inherit a CUDA context it cannot use

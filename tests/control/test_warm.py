@@ -167,3 +167,21 @@ def test_the_eval_and_preview_jobs_fork_warm_and_give_what_cold_ones_do(
     assert forks() == (before[0] + 1, before[1] + 1)  # the cold ones were not forked
     assert warm_report.models == cold_report.models and set(cold_report.models) == {"base", "tuned"}
     assert warm_preview == cold_preview
+
+
+def test_a_warm_process_stopped_while_it_still_imports_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test session (or a kernel) that ends within seconds of starting one must not leave it to idle out."""
+    monkeypatch.setenv(proto.ENV_DIR, str(tmp_path / "warm"))
+    assert warm.start()
+    folder = proto.warm_dir()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(p.read_text() for p in folder.glob("*.lock")):
+        time.sleep(0.05)  # the lock names its holder as soon as it is taken, before the imports
+    assert not warm.status()  # not ready yet: only its lock says it is there
+    pid = int(next(folder.glob("*.lock")).read_text().split()[0])
+    assert warm.stop() == 1
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(pid).wait(timeout=10)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
