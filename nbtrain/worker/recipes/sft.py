@@ -77,6 +77,24 @@ def padding_free(trainer: Any, plan: dict[str, Any]) -> None:
     )
 
 
+ENTROPY_ROWS = 16  # positions a chunk: its probabilities stay in the CPU's cache
+
+
+def _entropy(logits: Any) -> Any:
+    """The entropy of each position's next-token distribution (TRL's metric), chunk by chunk: logsumexp
+    minus the probability-weighted logits. Measured (416 positions x 49,152 words, 2 cores): 35-48 ms
+    against 105 ms for log_softmax over the whole batch, then exp, multiply and sum."""
+    import torch
+
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    rows = ENTROPY_ROWS if flat.device.type == "cpu" else max(1, flat.shape[0])  # one pass on an accelerator
+    for i in range(0, flat.shape[0], rows):
+        chunk = flat[i : i + rows].float()
+        out[i : i + rows] = torch.logsumexp(chunk, -1) - (torch.softmax(chunk, -1) * chunk).sum(-1)
+    return out.reshape(logits.shape[:-1])
+
+
 @functools.cache
 def sft_trainer() -> type:
     """SFTTrainer whose compute_loss takes the model's own loss when the logits are small (module doc)."""
@@ -122,8 +140,7 @@ def sft_trainer() -> type:
                 labels = inputs["labels"][:, 1:]
                 logits = outputs.logits[:, :-1]
                 mask = labels != -100
-                log_p = torch.log_softmax(logits.float(), dim=-1)
-                entropy = -(log_p.exp() * log_p).sum(-1)
+                entropy = _entropy(logits)
                 sums = torch.stack(
                     [
                         mask.sum(),
