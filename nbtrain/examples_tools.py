@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -78,7 +77,6 @@ ASK = {
     "convert": ["Convert {amount} to {currency}.", "How much is {amount} in {currency}?"],
 }  # fmt: skip
 SKY = ["sunny", "rainy", "cloudy", "windy"]
-CALL = re.compile(r"<call>(\w+) (\{.*?\})</call>")
 
 
 def town(rng: random.Random) -> str:
@@ -153,16 +151,16 @@ def held_out(n: int = 30, seed: int = 1, train: list[dict[str, Any]] | None = No
 
 
 def parse_call(text: str) -> tuple[str, dict[str, Any]] | None:
-    """The first ``<call>NAME {JSON}</call>`` in ``text`` as (name, arguments); None if there is none or its
-    arguments are not a JSON object."""
-    found = CALL.search(text)
-    if found is None:
+    """The first ``<call>NAME {JSON}</call>`` in ``text`` as (name, arguments), whatever follows it (the
+    template's ``<|end|>`` is no token of the model's, so a greedy answer runs on past it); None if there is
+    none or its arguments are not a JSON object (contract/tools.parse_tool_calls, the server's reader)."""
+    from nbtrain.contract.tools import parse_tool_calls
+
+    end = text.find("</call>")
+    parsed = parse_tool_calls(text[: end + len("</call>")] if end >= 0 else text, "nbtrain")
+    if parsed.error or not parsed.calls:
         return None
-    try:
-        args = json.loads(found.group(2))
-    except ValueError:
-        return None
-    return (found.group(1), args) if isinstance(args, dict) else None
+    return parsed.calls[0]["name"], parsed.calls[0]["arguments"]
 
 
 def _link_or_copy(src: str, dst: str) -> None:

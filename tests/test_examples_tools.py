@@ -4,12 +4,16 @@ right arguments on requests no training row makes (greedy generation, before and
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import openai
 import pytest
 
 import nbtrain
-from nbtrain.examples_tools import call_accuracy, held_out, parse_call, tool_model, tool_rows
+from nbtrain.control.serve import ServerHandle
+from nbtrain.examples_tools import TOOLS, call_accuracy, held_out, parse_call, tool_model, tool_rows
 from tests.conftest import runs_in
 
 pytestmark = pytest.mark.slow
@@ -22,19 +26,19 @@ def test_parse_call_reads_the_first_well_formed_call_only() -> None:
     assert parse_call("no call here") is None
 
 
-def test_a_short_lora_run_teaches_smollm2_to_call_tools_on_held_out_requests(
-    smollm2: Path, tmp_path: Path
-) -> None:
-    """The tiny models do not learn to copy an argument into a call in a test's budget (examples_tools'
-    docstring); SmolLM2-135M-Instruct, the smallest real model here, does in 12 steps."""
-    model = tool_model(smollm2, tmp_path / "smollm2-tools")
+@pytest.fixture(scope="module")
+def tools_run(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """SmolLM2 with the tools template, LoRA-trained on the request and the call of 600 rows (12 steps),
+    with the held-out requests and the model's accuracy on them before."""
+    tmp = tmp_path_factory.mktemp("tools")
+    model = tool_model(smollm2, tmp / "smollm2-tools")
     rows = tool_rows(600, seed=0)
     for row in rows:
         row["messages"] = row["messages"][:2]  # the request and the call: what is measured
-    (tmp_path / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (tmp / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     cases = held_out(30, train=rows)  # cities and numbers no row names
     before, _ = call_accuracy(model, cases)
-    with runs_in(tmp_path):
+    with runs_in(tmp):
         run = nbtrain.finetune(
             f"""\
 model: {model}
@@ -47,7 +51,88 @@ train: {{max_steps: 12, learning_rate: 3.0e-3, per_device_train_batch_size: 8, l
             name="tools",
         )
         assert run.wait(timeout=1200).state == "completed"
+    return {"run": run, "cases": cases, "before": before, "dir": tmp}
+
+
+def test_a_short_lora_run_teaches_smollm2_to_call_tools_on_held_out_requests(
+    tools_run: dict[str, Any],
+) -> None:
+    """The tiny models do not learn to copy an argument into a call in a test's budget (examples_tools'
+    docstring); SmolLM2-135M-Instruct, the smallest real model here, does in 12 steps."""
+    run, cases, before = tools_run["run"], tools_run["cases"], tools_run["before"]
     after, said = call_accuracy(run.output_dir, cases)
     print(f"tool calls right on {len(cases)} held-out requests: before {before:.2f}, after {after:.2f}")
     assert before == 0.0
     assert after >= 0.8, said
+    log = run.paths.rank_log(0).read_text()
+    assert "nbtrain: a batch of 8 rows" in log  # the plan's padding-free collator decided, batch by batch
+
+
+@pytest.fixture(scope="module")
+def tools_server(tools_run: dict[str, Any]) -> Iterator[ServerHandle]:
+    with runs_in(tools_run["dir"]):
+        h = tools_run["run"].serve()
+    yield h
+    if not h.reused:
+        h.stop()
+
+
+def _streamed(client: openai.OpenAI, **ask: Any) -> tuple[str, list[dict[str, str]], str | None]:
+    """(content, calls as {id, name, arguments}, finish_reason) put together from a streamed answer."""
+    content, calls, finish = "", [], None
+    for chunk in client.chat.completions.create(**ask, stream=True):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for d in choice.delta.tool_calls or []:
+            while len(calls) <= d.index:
+                calls.append({"id": "", "name": "", "arguments": ""})
+            c = calls[d.index]
+            c["id"] += d.id or ""
+            c["name"] += (d.function.name or "") if d.function else ""
+            c["arguments"] += (d.function.arguments or "") if d.function else ""
+        finish = choice.finish_reason or finish
+    return content, calls, finish
+
+
+def test_the_openai_client_gets_the_tuned_models_tool_calls_and_sends_the_result_back(
+    tools_server: ServerHandle,
+) -> None:
+    client = openai.OpenAI(
+        base_url=tools_server.url, api_key=tools_server.api_key, max_retries=0, timeout=300
+    )
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "What's the weather in Agra?"}]
+    # the example template ends a turn with "<|end|>", which is no token of SmolLM2's: the answer stops there
+    ask = {
+        "model": "tuned",
+        "messages": msgs,
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 40,
+        "stop": ["<|end|>"],
+    }
+    whole = client.chat.completions.create(**ask)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.id.startswith("call_")
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Agra"})
+
+    content, calls, finish = _streamed(client, **ask)
+    assert finish == "tool_calls" and content == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Agra"})]
+
+    msgs += [
+        choice.message.model_dump(exclude_none=True),  # the call, as the client got it
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    final = client.chat.completions.create(**ask)
+    print("after the tool's result:", final.choices[0].message)
+    assert final.choices[0].message.content or final.choices[0].message.tool_calls
+
+    plain = client.chat.completions.create(**{**ask, "messages": msgs[:1], "tool_choice": "none"})
+    assert plain.choices[0].message.tool_calls is None and plain.choices[0].finish_reason in (
+        "stop",
+        "length",
+    )

@@ -19,7 +19,9 @@ it, a call to a function the row's ``tools`` do not list (a row with no ``tools`
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from nbtrain.contract.errors import RowError
@@ -214,3 +216,113 @@ def _answer(m: Mapping[str, Any], pending: list[dict[str, Any]], where: str) -> 
     if "id" in call:
         extra["tool_call_id"] = call["id"]
     return extra
+
+
+# --- Tool calls in a model's output (the server parses its answers; the examples score them)
+#
+# Each family writes a call its own way; the chat template says which (call_style). A call is parsed into
+# {"name", "arguments"} (a JSON object); the text around the calls stays the answer's content.
+CALL_STYLES = {
+    "hermes": "<tool_call>{JSON}</tool_call> (Hermes, Qwen 2.5 / 3, SmolLM3)",
+    "mistral": "[TOOL_CALLS][{JSON}, ...] or [TOOL_CALLS]NAME[ARGS]{JSON} (Mistral)",
+    "llama3": "a JSON object {name, parameters} as the whole answer (Llama 3.x)",
+    "nbtrain": "<call>NAME {JSON}</call> (nbtrain.examples_tools.TOOLS_TEMPLATE)",
+}
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_NBTRAIN = re.compile(r"<call>(\w[\w.-]*) (.*?)</call>", re.DOTALL)
+_MISTRAL_ARGS = re.compile(r"\[TOOL_CALLS\]\s*([\w.-]+)\s*\[ARGS\]\s*", re.DOTALL)
+
+
+def call_style(template: str | None) -> str | None:
+    """The convention ``template`` (a chat template's Jinja source) writes tool calls in, one of
+    CALL_STYLES; None when it writes none nbtrain can read back."""
+    if not template:
+        return None
+    if "<tool_call>" in template:
+        return "hermes"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<call>" in template:
+        return "nbtrain"
+    if "<|python_tag|>" in template or ("tool_calls" in template and '"parameters"' in template):
+        return "llama3"
+    return None
+
+
+@dataclass
+class ParsedCalls:
+    """A model's answer read for tool calls: its ``content`` (the text around the calls; the whole text
+    when there are none or they are malformed), the ``calls`` (``{"name", "arguments"}``) and, for a
+    malformed call, ``error`` naming what is wrong (the answer then carries no calls)."""
+
+    content: str
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+
+def _read_call(raw: Any, known: set[str]) -> dict[str, Any]:
+    """One parsed call from its JSON text or object; ValueError naming what is wrong."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError as e:
+            raise ValueError(
+                f"a tool call that is not valid JSON ({getattr(e, 'msg', e)}): {raw[:80]!r}"
+            ) from None
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+        raise ValueError(f"a tool call without a function name: {json.dumps(raw)[:80]}")
+    args = raw.get("arguments", raw.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise ValueError(f"{raw['name']}'s arguments are not valid JSON: {args[:80]!r}") from None
+    if not isinstance(args, Mapping):
+        raise ValueError(f"{raw['name']}'s arguments are not a JSON object: {json.dumps(args)[:80]}")
+    if known and raw["name"] not in known:
+        raise ValueError(
+            f"a call to {raw['name']!r}, which is not one of the tools ({', '.join(sorted(known))})"
+        )
+    return {"name": raw["name"], "arguments": dict(args)}
+
+
+def parse_tool_calls(text: str, style: str | None, tools: list[dict[str, Any]] | None = None) -> ParsedCalls:
+    """The tool calls in a model's answer ``text``, written in ``style`` (CALL_STYLES); calls to functions
+    not in ``tools`` (when given) count as malformed."""
+    known = {t["function"]["name"] for t in tools or [] if isinstance(t.get("function"), Mapping)}
+    raws: list[Any] = []
+    content = text
+    if style == "hermes":
+        raws = [m.group(1) for m in _HERMES.finditer(text)]
+        content = _HERMES.sub("", text) if raws else text
+    elif style == "nbtrain":
+        found = list(_NBTRAIN.finditer(text))
+        raws = [{"name": m.group(1), "arguments": m.group(2)} for m in found]
+        content = _NBTRAIN.sub("", text) if found else text
+    elif style == "mistral" and "[TOOL_CALLS]" in text:
+        head, _, rest = text.partition("[TOOL_CALLS]")
+        content = head
+        named = list(_MISTRAL_ARGS.finditer("[TOOL_CALLS]" + rest))
+        if named:  # [TOOL_CALLS]name[ARGS]{...} (one call each)
+            src = "[TOOL_CALLS]" + rest
+            for i, m in enumerate(named):
+                end = named[i + 1].start() if i + 1 < len(named) else len(src)
+                raws.append({"name": m.group(1), "arguments": src[m.end() : end].strip()})
+        else:
+            try:
+                value = json.loads(rest.strip())
+            except ValueError as e:
+                return ParsedCalls(text, error=f"a tool call that is not valid JSON ({getattr(e, 'msg', e)})")
+            raws = value if isinstance(value, list) else [value]
+    elif style == "llama3":
+        body = text.strip().removeprefix("<|python_tag|>").strip()
+        if body.startswith("{"):
+            parts = [p for p in (s.strip() for s in body.split(";")) if p] if "};" in body else [body]
+            raws, content = parts, ""
+    if not raws:
+        return ParsedCalls(text)
+    try:
+        calls = [_read_call(r, known) for r in raws]
+    except ValueError as e:
+        return ParsedCalls(text, error=str(e))
+    return ParsedCalls(content.strip(), calls)

@@ -310,16 +310,27 @@ class Engine:
                 yield self.model
 
     # ------------------------------------------------------------------------------- prompts
-    def chat_prompt(self, messages: Any, params: Params) -> Prompt:
-        """Check ``messages`` and put them through the chat template; the prompt must leave room."""
+    def chat_prompt(self, messages: Any, params: Params, tools: Any = None) -> Prompt:
+        """Check ``messages`` and put them through the chat template; the prompt must leave room.
+        ``tools``: the request's (serve/tools.ToolRequest), rendered by the template, the answer begun
+        with its ``opening``; messages may carry earlier calls (an assistant's ``tool_calls``) and their
+        results (``role: tool``)."""
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
         images: list[Any] = []
         msgs: list[dict[str, Any]] = []
+        calls = tools is not None
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            has_calls = isinstance(m, dict) and m.get("role") == "assistant" and bool(m.get("tool_calls"))
+            if (
+                not isinstance(m, dict)
+                or not isinstance(m.get("role"), str)
+                or ("content" not in m and not has_calls)
+            ):
                 raise RequestError(f"messages[{i}] must be an object with 'role' and 'content'", "messages")
-            content = m["content"]
+            content = m.get("content")
+            if has_calls and content is None:
+                content = ""
             if isinstance(content, list):
                 content = _content_parts(content, f"messages[{i}]", images)
                 if self.processor is None:
@@ -332,23 +343,31 @@ class Engine:
                 raise RequestError(f"messages[{i}].content must be a string or a list of parts", "messages")
             elif self.processor is not None:
                 content = [{"type": "text", "text": content}]
-            msgs.append({"role": m["role"], "content": content})
+            msg = {"role": m["role"], "content": content}
+            for key in ("tool_calls", "tool_call_id", "name"):
+                if key in m and (key != "name" or m["role"] == "tool"):
+                    msg[key] = m[key]
+            calls = calls or has_calls or m["role"] == "tool"
+            msgs.append(msg)
         template_owner = self.processor if self.processor is not None else self.tok
         if not getattr(template_owner, "chat_template", None):
             raise RequestError(
                 "this model's tokenizer has no chat template; use /v1/completions with a plain prompt",
                 "messages",
             )
+        if calls:
+            msgs = self._tool_conversation(msgs, tools)
         try:
             with self.tok_lock:
                 if self.processor is None:
-                    ids = self.tok.apply_chat_template(
-                        msgs, add_generation_prompt=True, tokenize=True, return_dict=True
-                    )
+                    text = self._render(msgs, tools)
+                    ids = self.tok(text + (tools.opening if tools else ""), add_special_tokens=False)
                 else:
                     ids = self.processor.apply_chat_template(
                         msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
                     )
+        except RequestError:
+            raise
         except Exception as e:  # noqa: BLE001 - the template (Jinja) refusing the messages is the request's fault
             raise RequestError(f"the model's chat template refused these messages: {e}", "messages") from None
         if self.processor is None:
@@ -357,6 +376,43 @@ class Engine:
         prompt = self._fit(ids["input_ids"][0].tolist(), params, "messages")
         prompt.extra = extra
         return prompt
+
+    def _tool_conversation(self, msgs: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
+        """Messages with calls and results checked and put as templates take them (contract/tools)."""
+        from nbtrain.contract.errors import RowError
+        from nbtrain.contract.tools import conversation
+
+        if self.processor is not None:
+            raise RequestError("tools and tool messages are served for text models only", "messages")
+        try:
+            return conversation(msgs, "messages", tools.tools if tools is not None else [])
+        except RowError as e:
+            raise RequestError(str(e), "messages") from None
+
+    def _render(self, msgs: list[dict[str, Any]], tools: Any) -> str:
+        """The prompt's text (tok_lock held); with tools, a template that leaves them out is refused."""
+        text = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        if tools is None:
+            return str(text)
+        with_tools = self.tok.apply_chat_template(
+            msgs, tools=tools.tools, add_generation_prompt=True, tokenize=False
+        )
+        if with_tools == text:
+            raise RequestError(
+                "this model's chat template leaves the tools out of the prompt, so the model could not know "
+                "them; serve it with a template that renders tools (train: chat_template_path) or leave "
+                "tools out",
+                "tools",
+            )
+        return str(with_tools)
+
+    @property
+    def call_style(self) -> str | None:
+        """How this model's template writes tool calls (contract/tools.CALL_STYLES), or None."""
+        from nbtrain.contract.tools import call_style
+
+        template = getattr(self.tok, "chat_template", None)
+        return call_style(template if isinstance(template, str) else None)
 
     def text_prompt(self, prompt: Any, params: Params) -> Prompt:
         if not isinstance(prompt, str):
@@ -407,10 +463,13 @@ class Engine:
         *,
         cancel: Callable[[], bool] | None = None,
         on_text: Callable[[str], None] | None = None,
+        special: bool = False,
     ) -> Output:
         """The completion of ``prompt``. ``cancel``: checked while waiting and after every token; when
         it returns True generation stops and Cancelled is raised. ``on_text``: called with each new
-        piece of text as it is generated (streaming); the pieces add up to the returned text."""
+        piece of text as it is generated (streaming); the pieces add up to the returned text. ``special``:
+        the returned text keeps the special tokens other than end, padding and start (a tool call's
+        marker may be one)."""
         import torch
         from transformers import StoppingCriteriaList
 
@@ -446,7 +505,11 @@ class Engine:
         if watch.cancelled:
             raise Cancelled(len(new), max_tokens)
         with self.tok_lock:
-            text = self.tok.decode(new, skip_special_tokens=True)
+            if special:
+                ends = {self.tok.eos_token_id, self.tok.pad_token_id, self.tok.bos_token_id}
+                text = self.tok.decode([t for t in new if t not in ends], skip_special_tokens=False)
+            else:
+                text = self.tok.decode(new, skip_special_tokens=True)
         finish = "length" if len(new) >= max_tokens else "stop"
         for s in params.stop or []:
             cut = text.find(s)

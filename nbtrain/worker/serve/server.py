@@ -57,6 +57,8 @@ from nbtrain.worker.serve.engine import (
     RequestError,
     model_names,
 )
+from nbtrain.worker.serve.tools import HoldCalls, ToolRequest, openai_calls
+from nbtrain.worker.serve.tools import message as tool_message
 
 HOST = "127.0.0.1"  # loopback only, and every /v1 route needs the key
 MAX_BODY = 8 * 1024 * 1024
@@ -408,8 +410,10 @@ def make_handler(
                     "stream_options must be an object, and only with stream: true", "stream_options"
                 )
             usage = bool((options or {}).get("include_usage"))
+            tools = None
             if path == "/v1/chat/completions":
-                prompts = [engine.chat_prompt(body.get("messages"), params)]
+                tools = ToolRequest.from_body(body, engine.call_style)
+                prompts = [engine.chat_prompt(body.get("messages"), params, tools)]
                 head: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion"}
             else:
                 prompt = body.get("prompt")
@@ -421,11 +425,18 @@ def make_handler(
             head.update(created=int(time.time()), model=engine.names[kind])
             chat = path == "/v1/chat/completions"
             if stream:
-                self._stream(head, chat, prompts, kind, params, usage)
+                self._stream(head, chat, prompts, kind, params, usage, tools)
                 return
-            outs = [engine.generate(p, kind, params, cancel=self.gone) for p in prompts]
-            if chat:
-                choices: list[dict[str, Any]] = [
+            outs = [
+                engine.generate(p, kind, params, cancel=self.gone, special=tools is not None) for p in prompts
+            ]
+            if chat and tools is not None:
+                parsed = tools.read(outs[0].text)
+                msg, finish = tool_message(parsed, tools.opening + outs[0].text)
+                finish = finish if parsed.calls else outs[0].finish_reason
+                choices: list[dict[str, Any]] = [{"index": 0, "message": msg, "finish_reason": finish}]
+            elif chat:
+                choices = [
                     {"index": 0, "message": {"role": "assistant", "content": outs[0].text},
                      "finish_reason": outs[0].finish_reason}
                 ]  # fmt: skip
@@ -452,6 +463,7 @@ def make_handler(
             kind: str,
             params: Params,
             usage: bool,
+            tools: ToolRequest | None = None,
         ) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -477,17 +489,53 @@ def make_handler(
                 if chat:
                     self._event(piece(i, "", None))
 
-                def on_text(text: str, i: int = i) -> None:
-                    self._event(piece(i, text, None))
+                hold = HoldCalls(tools) if tools is not None else None
 
-                out = engine.generate(prompt, kind, params, cancel=self.gone, on_text=on_text)
-                self._event(piece(i, None, out.finish_reason))
+                def on_text(text: str, i: int = i, hold: HoldCalls | None = hold) -> None:
+                    text = hold.feed(text) if hold is not None else text
+                    if text:
+                        self._event(piece(i, text, None))
+
+                out = engine.generate(
+                    prompt, kind, params, cancel=self.gone, on_text=on_text, special=tools is not None
+                )
+                if tools is not None and hold is not None:
+                    self._stream_calls(chunk, i, tools, hold, out)
+                else:
+                    self._event(piece(i, None, out.finish_reason))
                 outs.append(out)
             if usage:
                 self._event({**chunk, "choices": [], "usage": _total_usage(outs)})
             self._event("[DONE]")
             if self.left:
                 raise ClientGone("it stopped reading before the end of the stream")
+
+        def _stream_calls(
+            self, chunk: dict[str, Any], i: int, tools: ToolRequest, hold: HoldCalls, out: Output
+        ) -> None:
+            """The end of a streamed answer to a request with tools: what text is left, then the calls as
+            OpenAI streams them (one delta each, with its id, name and whole arguments)."""
+
+            def event(delta: dict[str, Any], finish: str | None, **extra: Any) -> None:
+                choice = {"index": i, "delta": delta, "finish_reason": finish, **extra}
+                self._event({**chunk, "choices": [choice]})
+
+            parsed = tools.read(out.text)
+            if parsed.calls:
+                said = hold.passed.strip()
+                left = parsed.content[len(said) :].strip() if parsed.content.startswith(said) else ""
+                if left:
+                    event({"content": left}, None)
+                for j, call in enumerate(openai_calls(parsed)):
+                    event({"tool_calls": [{"index": j, **call}]}, None)
+                event({}, "tool_calls")
+                return
+            text = tools.opening + out.text
+            left = text[len(hold.passed) :] if text.startswith(hold.passed) else ""
+            if left:
+                event({"content": left}, None)
+            flag = {"nbtrain_tool_call_error": parsed.error} if parsed.error else {}
+            event({}, out.finish_reason, **flag)
 
     return Handler
 

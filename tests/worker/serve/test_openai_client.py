@@ -77,3 +77,18 @@ def test_openai_client_raises_its_own_errors_for_the_servers_refusals(
     with pytest.raises(openai.NotFoundError, match="use one of tuned, tuned:base"):
         client.chat.completions.create(model="gpt-4", messages=msgs)
     assert [m.id for m in client.models.list()] == ["tuned", "tuned:base"]
+
+
+def test_tools_for_a_model_whose_template_writes_no_calls_are_a_400_not_silent_text(
+    client: openai.OpenAI,
+) -> None:
+    from nbtrain.examples_tools import TOOLS
+
+    msgs = [{"role": "user", "content": "What's the weather in Oslo?"}]
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError, match="writes no tool calls nbtrain can read back"):
+            client.chat.completions.create(model="tuned", messages=msgs, tools=TOOLS, stream=stream)  # type: ignore[arg-type]
+    answer = client.chat.completions.create(
+        model="tuned", messages=msgs, tools=TOOLS, tool_choice="none", max_tokens=4
+    )  # type: ignore[arg-type]
+    assert answer.choices[0].message.tool_calls is None  # tool_choice none: the tools are left out
