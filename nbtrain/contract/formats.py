@@ -195,8 +195,12 @@ def to_example(
     *,
     vision: bool | None = False,
     tags: Mapping[str, str] | None = None,
+    mask_history: bool = False,
 ) -> dict[str, Any]:
     """Normalise one row to ``{"messages": [...]}`` or ``{"text": ...}``; RowError if not ``fmt``.
+
+    ``mask_history`` (``data: mask_history``, LLaMA-Factory's name): a conversation trains on its last
+    assistant turn only; the earlier ones are marked not to train (a turn's own flag wins).
 
     ``tags``: a LLaMA-Factory dataset's sharegpt key and role names (its dataset_info.json ``tags``, as
     ``formats_peers.DEFAULT_TAGS`` names them), for the turns of its conversations.
@@ -210,7 +214,7 @@ def to_example(
     named = has_images(row)
     with_images = vision if vision is not None else named
     if not with_images and not named and not _has_parts(row):
-        return _to_example(row, fmt, tags)
+        return masked_history(_to_example(row, fmt, tags)) if mask_history else _to_example(row, fmt, tags)
     try:
         flat, refs, leading = flatten(row)
     except ImageRowError as e:
@@ -221,6 +225,8 @@ def to_example(
             f"config.json has a vision_config, e.g. Qwen2.5-VL, LLaVA, SmolVLM)"
         )
     example = _to_example(flat, fmt, tags)
+    if mask_history:
+        example = masked_history(example)
     if not with_images:
         return example
     if "tools" in example:
@@ -234,6 +240,23 @@ def to_example(
         return to_parts(example, refs, leading)
     except ImageRowError as e:
         raise RowError(str(e)) from None
+
+
+def masked_history(example: dict[str, Any]) -> dict[str, Any]:
+    """``example`` with every assistant turn but the last marked not to train, where the row did not mark
+    it itself (``train``); anything but a conversation is returned as it is."""
+    msgs = example.get("messages")
+    if not isinstance(msgs, list):
+        return example
+    answers = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+    for i in answers[:-1]:
+        msgs[i].setdefault("train", False)
+    if answers and msgs[answers[-1]].get("train") is False:
+        raise RowError(
+            "mask_history trains a conversation's last assistant turn only, and this row marks that one "
+            "not to train (loss: false / weight: 0); drop the flag or mask_history"
+        )
+    return example
 
 
 def _has_parts(row: Mapping[str, Any]) -> bool:

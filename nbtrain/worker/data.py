@@ -132,13 +132,15 @@ def convert(
     vision: bool = False,
     base: str | None = None,
     tags: Mapping[str, str] | None = None,
+    mask_history: bool = False,
 ) -> tuple[Any, str]:
     """Normalise every row of ``ds`` (a Dataset or an IterableDataset) to ``fmt`` for ``objective``
     (detected from the first row when 'auto'); DataError naming the first bad row. Prompt rows keep
     their other columns: GRPO hands them to the reward functions. ``vision``: every row in TRL's vision
     layout, its images found (paths relative to ``base``, the data file's folder), checked to be images
     and typed as ``datasets.Image`` (decoded as the trainer reads them). ``tags``: a LLaMA-Factory
-    dataset's sharegpt names (the kernel read them from its dataset_info.json into resolved.json)."""
+    dataset's sharegpt names (the kernel read them from its dataset_info.json into resolved.json);
+    ``mask_history``: conversations train on their last assistant turn only (contract/formats)."""
     where = f" of {source}" if source else ""
     if max_samples is not None:
         ds = ds.take(max_samples) if is_streaming(ds) else ds.select(range(min(max_samples, len(ds))))
@@ -158,7 +160,7 @@ def convert(
 
     def one(row: dict[str, Any], idx: int) -> dict[str, Any]:
         try:
-            example = to_example(row, use, vision=vision, tags=tags)
+            example = to_example(row, use, vision=vision, tags=tags, mask_history=mask_history)
         except RowError as e:
             raise DataError(f"row {idx + 1}{where} is not valid {use} data ({e}): {show_row(row)}") from None
         if vision:
@@ -427,7 +429,7 @@ def load_train(
             src_fmt = d.get("format", "auto")
         part, used = convert(
             raw, src_fmt, objective, source=label, max_samples=limit, vision=bool(cfg.get("vision")),
-            base=_folder(src), tags=src.get("tags"),
+            base=_folder(src), tags=src.get("tags"), mask_history=bool(d.get("mask_history")),
         )  # fmt: skip
         if i == 0:
             fmt = used
@@ -461,7 +463,9 @@ def load_eval(
     raw = load_raw(ev["location"], ev["kind"], streaming=bool(d.get("streaming")))
     vision = bool(cfg.get("vision"))
     raw = rename_columns(preprocessed(raw, preprocess), d.get("columns"))
-    out, _ = convert(raw, fmt, objective, vision=vision, base=_folder(ev))
+    out, _ = convert(
+        raw, fmt, objective, vision=vision, base=_folder(ev), mask_history=bool(d.get("mask_history"))
+    )
     return out
 
 

@@ -128,3 +128,42 @@ def test_the_preview_shows_only_the_turns_the_flags_mark_to_train(workdir: Path)
     trained = ["".join(text for text, on in ex["segments"] if on) for ex in pv["examples"]]
     assert trained == ["1<|end|>", "2<|end|>", "3<|end|>"]
     assert pv["assistant_only_loss"] and "loss / weight flags" in pv["chat_template"]
+
+
+def test_mask_history_trains_each_conversations_last_answer_only_in_the_preview(workdir: Path) -> None:
+    """LLaMA-Factory's mask_history: the earlier answers are context, the last one is learnt; a single-turn
+    row is as before, and a turn's own flag wins."""
+    import nbtrain
+    from nbtrain.worker.jobs.preview import preview
+
+    rows = [
+        {"messages": [{"role": "user", "content": f"What is {i} + 1?"},
+                      {"role": "assistant", "content": "seven"},
+                      {"role": "user", "content": "Again?"},
+                      {"role": "assistant", "content": str(i + 1)}]}
+        for i in range(2)
+    ]  # fmt: skip
+    rows.append({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "9"}]})
+    (workdir / "data" / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = "model: ./tiny-llama\ndata: {train: data/history.jsonl, mask_history: true}\ntrain: {max_steps: 1}"
+    resolved = json.loads(json.dumps(nbtrain.prepare(cfg).to_dict()))
+    pv = preview(resolved, n=3, stats_rows=3)
+    trained = ["".join(text for text, on in ex["segments"] if on) for ex in pv["examples"]]
+    assert trained == ["1<|end|>", "2<|end|>", "9<|end|>"]
+    off = cfg.replace("mask_history: true", "mask_history: false")
+    without = json.loads(json.dumps(nbtrain.prepare(off).to_dict()))
+    trained = ["".join(text for text, on in ex["segments"] if on) for ex in preview(without, n=1)["examples"]]
+    assert "seven" in trained[0]
+
+
+def test_mask_history_is_refused_where_it_cannot_hold() -> None:
+    from nbtrain.contract.errors import RowError
+    from nbtrain.contract.formats import to_example
+
+    row = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "loss": True},
+                        {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}  # fmt: skip
+    flags = [m.get("train") for m in to_example(row, "messages", mask_history=True)["messages"]]
+    assert flags == [None, True, None, None]  # the row's own flag wins
+    row["messages"][3]["loss"] = False
+    with pytest.raises(RowError, match="marks that one not to train"):
+        to_example(row, "messages", mask_history=True)

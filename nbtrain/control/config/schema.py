@@ -166,6 +166,8 @@ class DataSettings(_Strict):
     dataset: str | None = Field(None, min_length=1)
     # read the data as it trains (datasets' IterableDataset): for data larger than memory
     streaming: bool = False
+    # LLaMA-Factory's mask_history: a conversation trains on its last assistant turn only (SFT)
+    mask_history: bool = False
     # how weighted sources are mixed (datasets.interleave_datasets): all_exhausted = until every source
     # has been seen once (smaller ones repeat), first_exhausted = until one runs out
     stopping_strategy: Literal["all_exhausted", "first_exhausted", "all_exhausted_without_replacement"] = (
@@ -1443,6 +1445,42 @@ class ConfigRules(Protocol):
     ) -> list[tuple[tuple[str | int, ...], str]]: ...
 
 
+def _chat_template(raw: dict[str, Any], base: Path, probs: _Problems) -> dict[str, Any]:
+    """``chat_template:`` (a built-in's name, contract/chat_templates, or a Jinja file) as TRL's
+    ``train: chat_template_path``, the file's absolute path; the config without the key."""
+    from nbtrain.contract.chat_templates import BUILTIN, builtin_template
+
+    if "chat_template" not in raw:
+        return raw
+    raw = dict(raw)
+    value = raw.pop("chat_template")
+    names = ", ".join(BUILTIN)
+    if not isinstance(value, str) or not value.strip():
+        probs.add(("chat_template",), f"chat_template: names a built-in template ({names}) or a Jinja file")
+        return raw
+    given = raw.get("train")
+    train: dict[str, Any] = given if isinstance(given, dict) else {}
+    if train.get("chat_template_path"):
+        probs.add(
+            ("chat_template",),
+            "chat_template: and train: chat_template_path both set the chat template; keep one",
+        )
+        return raw
+    path = builtin_template(value)
+    if path is None:
+        path = Path(value).expanduser()
+        path = path if path.is_absolute() else base / path
+        if not path.is_file():
+            probs.add(
+                ("chat_template",),
+                f"chat_template: {value!r} is neither a built-in template ({names}) nor a template file "
+                f"(looked for {path})",
+            )
+            return raw
+    raw["train"] = {**train, "chat_template_path": str(path.resolve())}
+    return raw
+
+
 def load_config(
     source: str | Path | dict[str, Any],
     *,
@@ -1469,6 +1507,7 @@ def load_config(
             ]
         )
     _secret_problems(raw, probs)
+    raw = _chat_template(raw, base, probs)
     if name is not None:
         raw = {**raw, "name": name}
     preset_items: list[tuple[tuple[str | int, ...], str]] = []
@@ -1533,6 +1572,21 @@ def load_config(
     flags = flags_problem([*train_sources, *sources.values()], train if isinstance(train, dict) else None)
     if flags:
         probs.add(("train", "assistant_only_loss"), flags)
+    if (
+        data.get("mask_history") is True
+        and isinstance(train, dict)
+        and train.get("assistant_only_loss") is False
+    ):
+        probs.add(
+            ("data", "mask_history"),
+            "mask_history trains each conversation's last assistant turn only, and train: says "
+            "assistant_only_loss: false (every token); keep one of the two",
+        )
+    if data.get("mask_history") is True and known_objective not in (None, "sft"):
+        probs.add(
+            ("data", "mask_history"),
+            f"mask_history is for SFT conversations, not objective: {known_objective}",
+        )
     with_tools = [Path(s.location).name for s in [*train_sources, *sources.values()] if s.tools]
     if with_tools and isinstance(raw.get("model"), str):
         from nbtrain.control.config.chat_template import tools_problem  # jinja2: only for tool rows

@@ -72,7 +72,14 @@ def eval_rows(
         fmt = d["format"] if d.get("format") in ("auto", *SFT_FORMATS) else "auto"
         raw = rename_columns(load_raw(str(path), kind), d.get("columns"))
         folder = str(path if kind == "disk" else path.parent)  # where its rows' image paths start
-        rows, _ = convert(raw, fmt, "sft", vision=bool(cfg.get("vision")), base=folder)
+        rows, _ = convert(
+            raw,
+            fmt,
+            "sft",
+            vision=bool(cfg.get("vision")),
+            base=folder,
+            mask_history=bool(d.get("mask_history")),
+        )
         return rows, f"file {path}"
     if cfg.get("objective", "sft") != "sft":
         raise DataError(

@@ -59,3 +59,59 @@ def test_what_a_template_leaves_out_is_named(tiny_model: Path) -> None:
     raising = "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}" \
         "{% endif %}{% endfor %}"  # fmt: skip
     assert "TemplateError: no tools" in str(ChatTemplate(raising, "x").tools_missing())
+
+
+def tools_config(extra: str, train: str = "") -> str:
+    head = "model: ./tiny-llama\nmethod: lora\ndata: {train: data/tools.jsonl}\n"
+    return f"{head}{extra}train:\n  max_steps: 2\n{train}"
+
+
+def test_the_built_in_chatml_tools_template_lets_tool_rows_train(tools_dir: Path) -> None:
+    from nbtrain.contract.chat_templates import BUILTIN
+
+    res = load_config(tools_config("chat_template: chatml-tools\n"))
+    assert res.config.train["chat_template_path"] == str(BUILTIN["chatml-tools"].resolve())
+    (tools_dir / "mine.jinja").write_text(TOOLS_TEMPLATE)
+    assert (
+        load_config(tools_config("chat_template: mine.jinja\n"))
+        .config.train["chat_template_path"]
+        .endswith("mine.jinja")
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ("chat_template: chatml-tool\n", "neither a built-in template (chatml-tools) nor a template file"),
+        ("chat_template: 3\n", "names a built-in template (chatml-tools) or a Jinja file"),
+        ("chat_template: chatml-tools\n", "keep one"),
+    ],
+)
+def test_a_chat_template_that_cannot_be_used_is_refused_naming_the_built_ins(
+    tools_dir: Path, extra: str, says: str
+) -> None:
+    text = tools_config(extra, "  chat_template_path: x.jinja\n" if says == "keep one" else "")
+    with pytest.raises(ConfigError, match="chat_template") as e:
+        load_config(text)
+    assert says in str(e.value)
+
+
+def test_chatml_tools_trains_the_call_and_the_end_of_turn_and_the_server_reads_the_call_back() -> None:
+    from nbtrain.contract.chat_templates import BUILTIN
+    from nbtrain.contract.tools import call_style, conversation, parse_tool_calls
+    from nbtrain.examples_tools import TOOLS
+
+    source = BUILTIN["chatml-tools"].read_text()
+    template = ChatTemplate(source, "chatml-tools")
+    assert template.tools_missing() is None and call_style(source) == "hermes"
+    row = tool_rows(1)[0]
+    msgs = conversation(row["messages"], "messages", TOOLS)
+    segments = template.segments([{"role": "system", "content": "Be brief."}, *msgs], TOOLS)
+    whole = "".join(text for text, _ in segments)
+    assert whole.startswith("<|im_start|>system\nBe brief.\n\nYou may call") and whole.count("Be brief.") == 1
+    assert '"name": "get_weather"' in whole and "<tool_response>" in whole
+    trained = [text for text, on in segments if on]
+    assert len(trained) == 2 and all(t.endswith("<|im_end|>") for t in trained)  # the call, then the answer
+    parsed = parse_tool_calls(trained[0].removesuffix("<|im_end|>"), "hermes", TOOLS)
+    want = msgs[1]["tool_calls"][0]["function"]
+    assert parsed.error is None and parsed.calls == [{"name": want["name"], "arguments": want["arguments"]}]

@@ -205,3 +205,13 @@ def test_exponent_without_a_dot_gets_a_yaml_hint(workdir: Path) -> None:
 def test_a_model_path_in_an_unknown_users_home_is_a_problem_not_a_crash(workdir: Path) -> None:
     with pytest.raises(ConfigError, match="no home folder is known for that user"):
         load_config(lora_yaml().replace("./tiny-llama", "~nbtrain-no-such-user/model"))
+
+
+def test_mask_history_with_every_token_trained_is_refused_naming_both_keys(workdir: Path) -> None:
+    text = lora_yaml(extra="  assistant_only_loss: false\n").replace(
+        "  format: auto\n", "  format: auto\n  mask_history: true\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(text)
+    assert "data.mask_history" in str(e.value) and "assistant_only_loss: false" in str(e.value)
+    assert load_config(lora_yaml().replace("  format: auto\n", "  format: auto\n  mask_history: true\n"))
