@@ -49,6 +49,9 @@ _EXPORTS: dict[str, str] = {
     "AccuracyReport": "nbtrain.control.evaluate",
     "accuracy": "nbtrain.control.evaluate",
     "latest_accuracy": "nbtrain.control.evaluate",
+    "ToolCallReport": "nbtrain.control.tool_eval",
+    "tool_accuracy": "nbtrain.control.tool_eval",
+    "latest_tool_accuracy": "nbtrain.control.tool_eval",
     "ExportResult": "nbtrain.control.export",
     "export": "nbtrain.control.export",
     "CheckReport": "nbtrain.control.grading",
@@ -117,6 +120,7 @@ if TYPE_CHECKING:  # what static checkers and editors see; at run time __getattr
         prepare,
         probe,
     )
+    from nbtrain.control.tool_eval import ToolCallReport, latest_tool_accuracy, tool_accuracy
     from nbtrain.ui.estimate_chart import estimate
     from nbtrain.ui.preview import DataPreview, preview
     from nbtrain.ui.run import Run, finetune, get_run, last_run, launch_function, resume, runs, start
@@ -135,6 +139,7 @@ __all__ = [
     "RunFailed",
     "RunNotFound",
     "RunStatus",
+    "ToolCallReport",
     "__version__",
     "accuracy",
     "check",
@@ -149,6 +154,7 @@ __all__ = [
     "last_run",
     "latest_accuracy",
     "latest_eval",
+    "latest_tool_accuracy",
     "launch_function",
     "load_ipython_extension",
     "log",
@@ -165,4 +171,5 @@ __all__ = [
     "runs",
     "should_stop",
     "start",
+    "tool_accuracy",
 ]

@@ -136,3 +136,38 @@ def test_the_openai_client_gets_the_tuned_models_tool_calls_and_sends_the_result
         "stop",
         "length",
     )
+
+
+def test_tool_accuracy_scores_the_tuned_models_calls_against_its_bases(tools_run: dict[str, Any]) -> None:
+    from nbtrain.contract.errors import NbtrainError
+
+    cases = tools_run["cases"][:6]
+
+    def wanted(c: dict[str, Any]) -> dict[str, Any]:
+        fn = {"name": c["name"], "arguments": json.dumps(c["arguments"])}
+        return {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": fn}]}
+
+    rows: list[dict[str, Any]] = [
+        {"tools": TOOLS, "messages": [{"role": "user", "content": c["prompt"]}, wanted(c)]} for c in cases
+    ]
+    answer = {"role": "assistant", "content": "It is sunny in Agra."}  # after the result: an answer, no call
+    rows.append(
+        {"tools": TOOLS, "messages": [*rows[0]["messages"], {"role": "tool", "content": "sunny"}, answer]}
+    )
+    with pytest.raises(NbtrainError, match="row 2 offers no tools"):
+        nbtrain.tool_accuracy(tools_run["run"], [rows[0], {"messages": rows[0]["messages"]}])
+    report = nbtrain.tool_accuracy(tools_run["run"], rows, max_new_tokens=32, stop=["<|end|>"])
+    print(report.summary())
+    after, before = report.metrics, report.metrics_before
+    assert before is not None and before["name_accuracy"] == 0.0 and before["called_when_should"] == 0.0
+    assert (
+        after["name_accuracy"] >= 0.8
+        and after["arguments_exact"] >= 0.7
+        and after["called_when_should"] >= 0.8
+    )
+    assert after["answered_when_should"] is not None  # the one row that should answer is scored
+    assert nbtrain.latest_tool_accuracy(tools_run["run"]).metrics == after  # kept in eval/tool_calls.json
+    table = report.table()
+    assert list(table.columns) == ["asked", "expected", "before", "after"] and len(table) == 7
+    assert table["expected"][0] == f"{cases[0]['name']}({json.dumps(cases[0]['arguments'])})"
+    assert [t.name for t in report.figure().data] == ["base", "tuned"]

@@ -326,3 +326,38 @@ def parse_tool_calls(text: str, style: str | None, tools: list[dict[str, Any]] |
     except ValueError as e:
         return ParsedCalls(text, error=str(e))
     return ParsedCalls(content.strip(), calls)
+
+
+# --- Whether a chat template renders tools: a probe conversation, rendered by the kernel (jinja2, before a
+# run starts) and by the worker (the tokenizer, for a model or rows the kernel could not see: the Hub's).
+PROBE_TOOL, PROBE_CALL = "nbtrain_probe_tool", "nbtrain_probe_call"
+
+
+def probe_conversation() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(messages, tools) of a tool-calling conversation whose function names show in any rendering that
+    keeps the tools' definitions and the assistant's calls."""
+    tools = [{"type": "function", "function": {
+        "name": PROBE_TOOL, "description": "a probe", "parameters": {
+            "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]  # fmt: skip
+    call = {"id": "call0", "type": "function", "function": {"name": PROBE_CALL, "arguments": '{"x": 1}'}}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Use the probe."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call0", "name": PROBE_CALL, "content": "1"},
+        {"role": "assistant", "content": "Done."},
+    ]
+    return messages, tools
+
+
+def tools_left_out(rendered: str) -> str | None:
+    """What a rendering of ``probe_conversation`` leaves out ("the tools' definitions", "the assistant's
+    tool calls", or both), or None when it keeps both."""
+    parts = ((PROBE_TOOL, "the tools' definitions"), (PROBE_CALL, "the assistant's tool calls"))
+    return " or ".join(what for name, what in parts if name not in rendered) or None
+
+
+TEMPLATE_FIX = (
+    "use a model whose template renders tools (a 'tools' argument and assistant 'tool_calls'), or set "
+    "chat_template: chatml-tools (built in, for ChatML models) or chat_template: to a Jinja template file "
+    "that does (TRL's train: chat_template_path; nbtrain.examples_tools.TOOLS_TEMPLATE is a small one)"
+)

@@ -421,25 +421,70 @@ def generate(
     ``images`` (a vision-language run): one image per prompt, or a list of them per prompt (paths, PIL
     images or data: URIs), shown before the prompt's text.
     """
-    run = get_run(run)
-    _generates(run)
     items = [prompts] if isinstance(prompts, str) else list(prompts)
     if images is not None:
         items = with_images(items, images)
+    params = _params(max_new_tokens, temperature, top_p, seed, stop)
+    outs = _answers(get_run(run), items, params, base=base, chat=chat, device=device, timeout=timeout)
+    return [str(o.get("content") or "") if isinstance(o, dict) else str(o) for o in outs]
+
+
+def chat_with_tools(
+    run: Run | str | Path,
+    conversations: list[list[dict[str, Any]]],
+    tools: list[dict[str, Any]],
+    *,
+    max_new_tokens: int = 64,
+    stop: str | list[str] | None = None,
+    base: bool = False,
+    device: str = "auto",
+    timeout: float = 600.0,
+) -> list[dict[str, Any]]:
+    """The model's answer to each conversation with ``tools`` offered (OpenAI's schemas), greedily: the
+    assistant message as the server returns it (``content``, and ``tool_calls`` with JSON arguments, or
+    ``nbtrain_tool_call_error`` for a malformed call). The run's server when one is up, else a one-shot
+    process."""
+    params = _params(max_new_tokens, 0.0, 1.0, None, stop)
+    outs = _answers(get_run(run), list(conversations), params, base=base, chat=True, device=device,
+                    timeout=timeout, tools=tools)  # fmt: skip
+    return [o if isinstance(o, dict) else {"role": "assistant", "content": str(o)} for o in outs]
+
+
+def _params(
+    max_new_tokens: int, temperature: float, top_p: float, seed: int | None, stop: str | list[str] | None
+) -> dict[str, Any]:
     params: dict[str, Any] = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
     if seed is not None:
         params["seed"] = seed
     if stop is not None:
         params["stop"] = stop
+    return params
+
+
+def _answers(
+    run: Run,
+    items: list[Any],
+    params: dict[str, Any],
+    *,
+    base: bool,
+    chat: bool,
+    device: str,
+    timeout: float,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[Any]:
+    """Each item's answer: the chat message (a dict) or the completion's text, from the run's server when
+    one is up, else from a one-shot process (nbtrain.worker.serve.generate)."""
+    _generates(run)
+    extra = {"tools": tools} if tools else {}
     server = find_server(run)
     if server is not None and ("base" if base else "tuned") in server.models:
         name = server.model(base)
-        outs = []
+        outs: list[Any] = []
         for p in items:
             if chat:
                 msgs = [{"role": "user", "content": p}] if isinstance(p, str) else p
-                r = server.request("/chat/completions", {"model": name, "messages": msgs, **params}, timeout)
-                outs.append(str(r["choices"][0]["message"]["content"]))
+                body = {"model": name, "messages": msgs, **params, **extra}
+                outs.append(server.request("/chat/completions", body, timeout)["choices"][0]["message"])
             else:
                 r = server.request("/completions", {"model": name, "prompt": p, **params}, timeout)
                 outs.append(str(r["choices"][0]["text"]))
@@ -453,7 +498,7 @@ def generate(
     with tempfile.TemporaryDirectory(prefix="nbtrain-gen-") as tmp:
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
         req.write_text(json.dumps({"prompts": items, "chat": chat, "base": base, "device": device,
-                                   "params": params}), encoding="utf-8")  # fmt: skip
+                                   "params": params, **extra}), encoding="utf-8")  # fmt: skip
         argv = [sys.executable, "-m", "nbtrain.worker.serve.generate", str(run_dir), str(req), str(res)]
         log = run_dir / "logs" / "generate.log"
         offset = log.stat().st_size if log.exists() else 0  # this call's output starts there
@@ -472,4 +517,4 @@ def generate(
             ) from None
     if "error" in result:
         raise ServeError(f"generate for run {run.id}: {result['error']}")
-    return [str(x) for x in result["outputs"]]
+    return list(result["outputs"])

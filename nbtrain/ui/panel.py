@@ -676,6 +676,17 @@ def _message_html(m: Mapping[str, Any]) -> str:
     )
 
 
+def _tools_html(tools: list[Mapping[str, Any]]) -> str:
+    """A row's tool definitions, collapsed to their names (the schemas one click away)."""
+    names = [str((t.get("function") or {}).get("name")) for t in tools if isinstance(t, Mapping)]
+    schemas = html.escape(_clip(json.dumps(list(tools), indent=1, ensure_ascii=False)))
+    return (
+        f"<details><summary><span style='color:#ef6c00;font-weight:bold'>tools</span> "
+        f"<small>({len(names)}: {html.escape(', '.join(names))})</small></summary>"
+        f"<pre style='{_PRE};margin-left:1em'>{schemas}</pre></details>"
+    )
+
+
 def thumbnails(refs: list[Any], base: Path, most: int = 4) -> list[str]:
     """Small PNG data: URIs of a row's first images that are on this machine (paths, bytes); Pillow only."""
     import base64
@@ -731,6 +742,8 @@ def preview_html(p: Preview) -> str:
         ex = r.example or {}
         if "text" in ex:
             parts.append(f"<pre style='{_PRE}'>{html.escape(_clip(str(ex['text'])))}</pre>")
+        if ex.get("tools"):
+            parts.append(_tools_html(ex["tools"]))
         for m in ex.get("messages", []):
             parts.append(_message_html(m))
         for key in ("prompt", "chosen", "rejected", "completion", "label"):

@@ -132,6 +132,44 @@ def has_turn_flags(ds: Any) -> bool:
     return any(any(isinstance(m, dict) and "train" in m for m in row["messages"]) for row in rows)
 
 
+def has_tools(ds: Any) -> bool:
+    """Whether some row defines tools or calls one: every row of a dataset, the first ``FLAG_ROWS`` of a
+    stream."""
+    import itertools
+
+    import datasets
+
+    columns = ds.column_names or [] if ds is not None else []
+    if "messages" not in columns:
+        return False
+    keep = [c for c in ("messages", "tools") if c in columns]
+    streaming = isinstance(ds, datasets.IterableDataset)
+    rows = itertools.islice(ds, FLAG_ROWS) if streaming else ds.select_columns(keep)
+    return any(
+        row.get("tools") or any(isinstance(m, dict) and m.get("tool_calls") for m in row["messages"])
+        for row in rows
+    )
+
+
+def tools_template_problem(tok: Any, ds: Any) -> str | None:
+    """Why rows that define or call tools cannot train with ``tok``'s chat template (it leaves the tools
+    or the calls out, or fails on them), or None. The worker's check, for what the kernel could not see
+    before the run started: a Hub model's template, a Hub dataset's rows."""
+    from nbtrain.contract.tools import TEMPLATE_FIX, probe_conversation, tools_left_out
+
+    if not has_tools(ds):
+        return None
+    messages, tools = probe_conversation()
+    try:
+        missing = tools_left_out(str(tok.apply_chat_template(messages, tools=tools, tokenize=False)))
+    except Exception as e:  # noqa: BLE001 - any failure of the template on tool rows is the answer
+        missing = f"a tool-calling conversation ({type(e).__name__}: {str(e)[:120]})"
+    if missing is None:
+        return None
+    what = f"the model's chat template does not render {missing}"
+    return f"the rows define or call tools, but {what}; {TEMPLATE_FIX}"
+
+
 def own_masks(assistant_only_loss: bool, train_cfg: dict[str, Any], tok: Any, ds: Any) -> str | None:
     """Why an SFT run's masks come from here (the log's line), or None when TRL makes its own (or none).
     ValueError when the rows' loss flags contradict ``train: assistant_only_loss: false``."""
@@ -157,9 +195,11 @@ def own_masks(assistant_only_loss: bool, train_cfg: dict[str, Any], tok: Any, ds
 __all__ = [
     "TemplateMaskError",
     "assistant_spans",
+    "has_tools",
     "has_turn_flags",
     "needs_own_masks",
     "own_masks",
     "tokenise_with_masks",
+    "tools_template_problem",
     "with_assistant_masks",
 ]

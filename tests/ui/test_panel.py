@@ -777,3 +777,6 @@ def test_preview_renders_tool_rows_with_their_tools_and_calls(workdir: Path) -> 
 
     shown = preview_html(pv)  # the role-by-role view names the call, not an empty assistant turn
     assert "call</span> get_weather({" in shown
+    assert "<details><summary><span style='color:#ef6c00;font-weight:bold'>tools</span>" in shown
+    assert "(3: get_weather, add, convert)</small></summary>" in shown  # collapsed to the names
+    assert shown.count('&quot;description&quot;') == 3 * 3  # the schemas, one click away (3 rows)

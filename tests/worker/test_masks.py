@@ -167,3 +167,29 @@ def test_mask_history_is_refused_where_it_cannot_hold() -> None:
     row["messages"][3]["loss"] = False
     with pytest.raises(RowError, match="marks that one not to train"):
         to_example(row, "messages", mask_history=True)
+
+
+def test_tool_rows_with_a_template_that_drops_tools_stop_the_worker_naming_the_fix(tiny_model: Path) -> None:
+    """What the kernel cannot see before a run (a Hub model's template, a Hub dataset's rows) the worker
+    checks with the tokenizer itself, once the trainer has set the run's template."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from nbtrain.contract.chat_templates import BUILTIN
+    from nbtrain.examples_tools import tool_rows
+    from nbtrain.worker.data import conversation_features
+    from nbtrain.worker.masks import has_tools, tools_template_problem
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    as_worker = conversation_features()  # the worker's converted rows: messages as JSON, tools a JSON string
+    tool_data = [{"messages": r["messages"], "tools": json.dumps(r["tools"])} for r in tool_rows(4)]
+    with_tools = Dataset.from_list(tool_data, features=as_worker)
+    plain = Dataset.from_list(
+        [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    )
+    assert has_tools(with_tools) and not has_tools(plain)
+    why = tools_template_problem(tok, with_tools)
+    assert why is not None and "does not render the tools' definitions" in why and "chatml-tools" in why
+    assert tools_template_problem(tok, plain) is None  # no tool rows: nothing to check
+    tok.chat_template = BUILTIN["chatml-tools"].read_text()
+    assert tools_template_problem(tok, with_tools) is None

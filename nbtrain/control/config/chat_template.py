@@ -22,6 +22,8 @@ from jinja2.parser import Parser
 from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from nbtrain.contract.tools import TEMPLATE_FIX, probe_conversation, tools_left_out
+
 _GEN_START, _GEN_END = "\x00nbtrain-gen+\x00", "\x00nbtrain-gen-\x00"
 
 
@@ -106,25 +108,12 @@ class ChatTemplate:
     def tools_missing(self) -> str | None:
         """What of a tool-calling conversation this template leaves out of its rendering ("the tools'
         definitions", "the assistant's tool calls", or its error), or None when it renders both."""
-        tools = [{"type": "function", "function": {
-            "name": PROBE_TOOL, "description": "a probe", "parameters": {
-                "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]  # fmt: skip
-        call = {"id": "call0", "type": "function", "function": {"name": PROBE_CALL, "arguments": '{"x": 1}'}}
-        messages: list[dict[str, Any]] = [
-            {"role": "user", "content": "Use the probe."},
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call0", "name": PROBE_CALL, "content": "1"},
-            {"role": "assistant", "content": "Done."},
-        ]
+        messages, tools = probe_conversation()
         try:
             text = self.render(messages, tools)
         except Exception as e:  # noqa: BLE001 - any failure of a user's template is the answer
             return f"a tool-calling conversation ({type(e).__name__}: {str(e)[:120]})"
-        parts = ((PROBE_TOOL, "the tools' definitions"), (PROBE_CALL, "the assistant's tool calls"))
-        return " or ".join(what for name, what in parts if name not in text) or None
-
-
-PROBE_TOOL, PROBE_CALL = "nbtrain_probe_tool", "nbtrain_probe_call"
+        return tools_left_out(text)
 
 
 def template_for(model: str, train: Mapping[str, Any] | None) -> ChatTemplate | None:
@@ -166,12 +155,7 @@ def tools_problem(files: list[str], model: str, train: Mapping[str, Any] | None)
         if missing is None:
             return None
         what = f"a chat template ({template.origin}) that does not render {missing}"
-    return (
-        f"the rows of {', '.join(files)} define or call tools, but {model} has {what}; use a model whose "
-        f"template renders tools (a 'tools' argument and assistant 'tool_calls'), or set train: "
-        f"chat_template_path: to a Jinja template file that does (nbtrain.examples_tools.TOOLS_TEMPLATE is a "
-        f"small one)"
-    )
+    return f"the rows of {', '.join(files)} define or call tools, but {model} has {what}; {TEMPLATE_FIX}"
 
 
 def _token_text(v: Any) -> str | None:

@@ -25,7 +25,7 @@ import functools
 from typing import Any
 
 from nbtrain.contract.objectives import sft_full_logits
-from nbtrain.worker.masks import own_masks, with_assistant_masks
+from nbtrain.worker.masks import own_masks, tools_template_problem, with_assistant_masks
 from nbtrain.worker.model import load_model, loraplus_optimizer, save_initial_adapter
 from nbtrain.worker.recipes.common import Recipe
 
@@ -54,6 +54,9 @@ class SFTRecipe(Recipe):
         self.make_trainer(
             sft_trainer(), model, ready, **({"optimizers": (optimizer, None)} if optimizer else {})
         )
+        why = tools_template_problem(self.trainer.processing_class, ready.train)  # its template now: TRL's
+        if why:
+            raise ValueError(why)
         padding_free(self.trainer, run.plan)
 
 

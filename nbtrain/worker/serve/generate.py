@@ -4,8 +4,10 @@
 
 
 REQUEST.json: {"prompts": [str | [{"role", "content"}, ...]], "chat": bool, "base": bool, "device": str,
-"params": {max_tokens, temperature, top_p, seed, stop}}. Writes {"outputs": [str, ...]} (or {"error": str})
-to RESULT.json; the process's own output is only logs. Used by ``Run.generate`` when no server is up.
+"params": {max_tokens, temperature, top_p, seed, stop}, "tools"?: [function schemas]}. Writes {"outputs":
+[str, ...]} (with tools: the assistant messages, as the server answers them) or {"error": str} to
+RESULT.json; the process's own output is only logs. Used by ``Run.generate`` and ``chat_with_tools`` when
+no server is up.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from nbtrain.contract.rundir import atomic_write_json
 from nbtrain.worker.serve.engine import BASE, TUNED, Engine, Params, RequestError
+from nbtrain.worker.serve.tools import ToolRequest, message
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,9 +34,15 @@ def main(argv: list[str] | None = None) -> int:
         params = Params.from_request(req.get("params") or {})
         engine = Engine(argv[0], base_only=bool(req.get("base")), device=req.get("device", "auto"))
         kind = BASE if req.get("base") else TUNED
-        outputs = []
+        outputs: list[Any] = []
+        tools = (
+            ToolRequest.from_body({"tools": req["tools"]}, engine.call_style) if req.get("tools") else None
+        )
         for p in req["prompts"]:
-            if req.get("chat", True):
+            if tools is not None:
+                out = engine.generate(engine.chat_prompt(p, params, tools), kind, params, special=True)
+                outputs.append(message(tools.read(out.text), tools.opening + out.text)[0])
+            elif req.get("chat", True):
                 msgs = [{"role": "user", "content": p}] if isinstance(p, str) else p
                 outputs.append(engine.chat(msgs, kind, params).text)
             else:
