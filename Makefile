@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum 
 # DeepSpeed compiles C++ ops on first use (60-120 s each); one cache per machine that tests and CI reuse.
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/nbtrain/torch_extensions
 
-.PHONY: install demo test lint typecheck pytest bench faults clean
+.PHONY: install demo test check lint typecheck pytest bench faults clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ pytest: install labext chromium
 
 # chromium first: on a machine where it cannot be installed, stop before minutes of setup, not after.
 test: chromium lint typecheck pytest
+
+# The fast tier, to iterate with: lint, types and every test that starts no training process, drives no
+# browser and needs no GPU (make test runs them all).
+check: lint typecheck
+	$(PY) -m pytest -q -x -m "not slow and not browser and not gpu"
 
 bench: install
 	$(PY) -m bench

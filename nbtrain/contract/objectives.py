@@ -149,26 +149,44 @@ PACKED_MODEL_TYPES = (
 PADDING_FREE_EXTRA_ATTENTION_BYTES = 256 * 2**20
 
 
-def padding_free_cheaper(
+def padding_free_bins(
     lengths: list[int], *, layer_params: int, attention_width: int, heads: int, layers: int, varlen: bool
-) -> bool:
-    """Whether a batch of rows of these ``lengths`` (tokens) costs less laid end to end (one sequence, no
-    padding) than padded to its longest row, for a decoder whose layers each multiply by ``layer_params``
-    weights and attend over ``heads`` heads ``attention_width`` wide (heads x head_dim).
+) -> list[list[int]] | None:
+    """How a batch of rows of these ``lengths`` (tokens) costs least: laid end to end in ``k`` sequences
+    (the rows' indices of each; no padding inside a sequence, the shorter sequences padded to the longest),
+    or None: padded, one row a sequence, as usual. For a decoder whose layers each multiply by
+    ``layer_params`` weights and attend over ``heads`` heads ``attention_width`` wide (heads x head_dim).
 
     Per layer and forward pass (backward is about twice both): the weights cost 2 x params FLOPs a
-    position, the attention 4 x attention_width a query-key pair (scores, then their weighted sum).
-    Padded, every row pays for the longest's positions and pairs (B x L^2). Flattened, no padding is
-    multiplied, but an attention that takes a mask (SDPA, eager) scores every pair of the one sequence
-    (T^2 for T tokens) and keeps them, so a batch of long rows is cheaper padded; flash-attention 2
-    (``varlen``) scores each row's own pairs only, so flattening never costs more. The dense kernels'
+    position, the attention 4 x attention_width a query-key pair. Padded, every row pays for the longest's
+    positions and pairs (B x L^2). Laid end to end, an attention that takes a mask (SDPA, eager) scores
+    every pair of each sequence (S^2 for S tokens), so one sequence of many rows trades the padding for
+    more pairs; ``k`` sequences of about T/k tokens each keep both small. The rows are dealt longest first
+    to the sequence with the fewest tokens, and the k of the lowest cost is taken. Flash-attention 2
+    (``varlen``) scores each row's own pairs only: one sequence, never more than padded. The dense kernels'
     extra scores are also bounded in memory (PADDING_FREE_EXTRA_ATTENTION_BYTES, float32)."""
-    if len(lengths) < 2:
-        return False
-    total, longest = sum(lengths), max(lengths)
-    padded_pairs = len(lengths) * longest * longest
-    flat_pairs = sum(n * n for n in lengths) if varlen else total * total
-    padded = 2 * layer_params * len(lengths) * longest + 4 * attention_width * padded_pairs
-    flat = 2 * layer_params * total + 4 * attention_width * flat_pairs
-    extra = max(0, flat_pairs - padded_pairs) * heads * 4 * layers
-    return flat < padded and (varlen or extra <= PADDING_FREE_EXTRA_ATTENTION_BYTES)
+    n = len(lengths)
+    if n < 2:
+        return None
+    longest = max(lengths)
+    padded_pairs = n * longest * longest
+    padded = 2 * layer_params * n * longest + 4 * attention_width * padded_pairs
+    if varlen:
+        flat = 2 * layer_params * sum(lengths) + 4 * attention_width * sum(x * x for x in lengths)
+        return [list(range(n))] if flat < padded else None
+    best: tuple[float, list[list[int]]] | None = None
+    order = sorted(range(n), key=lambda i: -lengths[i])
+    for k in range(1, n):
+        bins: list[list[int]] = [[] for _ in range(k)]
+        totals = [0] * k
+        for i in order:
+            j = totals.index(min(totals))
+            bins[j].append(i)
+            totals[j] += lengths[i]
+        width = max(totals)
+        pairs = k * width * width
+        cost = 2 * layer_params * k * width + 4 * attention_width * pairs
+        extra = max(0, pairs - padded_pairs) * heads * 4 * layers
+        if cost < padded and extra <= PADDING_FREE_EXTRA_ATTENTION_BYTES and (best is None or cost < best[0]):
+            best = (cost, [sorted(b) for b in bins])
+    return None if best is None else best[1]

@@ -22,7 +22,7 @@ from nbtrain.contract.formats import (
     show_row,
     to_example,
 )
-from nbtrain.contract.objectives import OBJECTIVES, padding_free_cheaper
+from nbtrain.contract.objectives import OBJECTIVES, padding_free_bins
 
 Preprocess = Callable[[dict[str, Any]], dict[str, Any]]  # hooks: preprocess (nbtrain.worker.hooks)
 
@@ -224,12 +224,12 @@ class ImageRowsFirst:
 
 
 class PaddingFreeWhereCheaper:
-    """SFT's collator when the plan chose padding-free batches (plan: padding_free): each batch goes to
-    TRL's padding-free collator (its rows laid end to end in one sequence, position_ids restarting at each
-    row, no attention mask) when that costs less than padding them (contract/objectives.
-    padding_free_cheaper, from the model's facts), and to the padded one otherwise. Both build the same
-    labels, so the loss is the same either way; only the padding's cost goes. The first batch of each
-    kind is reported in the log."""
+    """SFT's collator when the plan chose padding-free batches (plan: padding_free): each batch's rows are
+    laid end to end in as many sequences as cost least (contract/objectives.padding_free_bins, from the
+    model's facts: position_ids restarting at each row, no attention mask, the shorter sequences padded
+    with positions of their own), or padded as usual where that is cheaper. Every layout builds the same
+    labels, so the loss is the same; only the padding's cost goes. The first batch of each layout is
+    reported in the log."""
 
     # only flash-attention's varlen kernels read these; the dense paths would receive them as unknown kwargs
     VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
@@ -238,34 +238,59 @@ class PaddingFreeWhereCheaper:
         from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
         self.padded = padded
+        self.pad_token_id = pad_token_id
         self.flat = DataCollatorForLanguageModeling(
             pad_token_id=pad_token_id, padding_free=True, pad_to_multiple_of=pad_to_multiple_of
         )
         self.facts = model_attention_facts(model)
-        self.seen: set[bool] = set()
+        self.seen: set[int] = set()
 
     def __call__(self, rows: list[dict[str, Any]]) -> Any:
         lengths = [len(row["input_ids"]) for row in rows]
-        flat = padding_free_cheaper(lengths, **self.facts)
-        if flat not in self.seen:
-            self.seen.add(flat)
-            how = "laid end to end (padding-free)" if flat else "padded (cheaper than padding-free here)"
-            print(
-                f"nbtrain: a batch of {len(rows)} rows, {sum(lengths):,} tokens "
-                f"({len(rows) * max(lengths):,} padded): {how}",
-                flush=True,
-            )
-        if not flat:
+        bins = padding_free_bins(lengths, **self.facts)
+        self._report(lengths, bins)
+        if bins is None:
             return self.padded(rows)
-        batch = self.flat(rows)
-        if not self.facts["varlen"]:
-            for key in self.VARLEN_KEYS:
-                batch.pop(key, None)
-        return batch
+        if len(bins) == 1:
+            batch = self.flat(rows)
+            if not self.facts["varlen"]:
+                for key in self.VARLEN_KEYS:
+                    batch.pop(key, None)
+            return batch
+        return self._stacked([self.flat([rows[i] for i in b]) for b in bins])
+
+    def _stacked(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Sequences of rows laid end to end, one a batch row, the shorter ones padded at the end: padding
+        ids, no label, position 0 (each padding position then a sequence of its own, seen by nothing)."""
+        import torch
+
+        width = max(int(p["input_ids"].shape[1]) for p in parts)
+        fill = {"input_ids": self.pad_token_id, "labels": -100, "position_ids": 0}
+        return {
+            key: torch.cat(
+                [torch.nn.functional.pad(p[key], (0, width - p[key].shape[1]), value=value) for p in parts]
+            )
+            for key, value in fill.items()
+        }
+
+    def _report(self, lengths: list[int], bins: list[list[int]] | None) -> None:
+        k = 0 if bins is None else len(bins)
+        if k in self.seen:
+            return
+        self.seen.add(k)
+        if bins is None:
+            how = "padded (cheaper than padding-free here)"
+        else:
+            how = f"laid end to end (padding-free) in {k} sequence{'s' if k > 1 else ''}"
+        print(
+            f"nbtrain: a batch of {len(lengths)} rows, {sum(lengths):,} tokens "
+            f"({len(lengths) * max(lengths):,} padded): {how}",
+            flush=True,
+        )
 
 
 def model_attention_facts(model: Any) -> dict[str, Any]:
-    """What padding_free_cheaper weighs, from the model: its decoder layers' weights (a layer's share of
+    """What padding_free_bins weighs, from the model: its decoder layers' weights (a layer's share of
     every weight matrix outside the embeddings and the LM head; ZeRO-3's full sizes), the attention's
     width and heads, the layers, and whether the attention is flash-attention's (varlen)."""
     config = model.config.get_text_config()

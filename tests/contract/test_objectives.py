@@ -286,42 +286,50 @@ def test_builtin_rewards_score_format_and_length() -> None:
     ]
 
 
-# --- padding-free batches: the cost rule (contract/objectives.padding_free_cheaper)
+# --- padding-free batches: the cost rule (contract/objectives.padding_free_bins)
 
 SMOL = {"layer_params": 3_981_312, "attention_width": 576, "heads": 9, "layers": 30}  # SmolLM2-135M
 
 
-def test_short_rows_are_cheaper_laid_end_to_end_than_padded() -> None:
-    from nbtrain.contract.objectives import padding_free_cheaper
+def test_short_rows_are_laid_end_to_end_in_the_cheapest_number_of_sequences() -> None:
+    from nbtrain.contract.objectives import padding_free_bins
 
-    # the bench's rows: 8 of 20-90 tokens, where flattening measured 1.34x the steps/s
-    assert padding_free_cheaper([20, 35, 52, 60, 44, 90, 71, 30], **SMOL, varlen=False)
+    # the bench's rows: 8 of 20-90 tokens; one 452-token sequence would score 204k pairs a head, two of
+    # ~230 score half that for the same weights' work (measured: 1.34x the steps/s of padding, one sequence)
+    bins = padding_free_bins([20, 35, 52, 60, 44, 90, 71, 30], **SMOL, varlen=False)
+    assert bins is not None and len(bins) == 2
+    assert sorted(i for b in bins for i in b) == list(range(8))  # every row once
 
 
-def test_long_rows_stay_padded_where_attention_would_score_every_pair() -> None:
-    from nbtrain.contract.objectives import padding_free_cheaper
+def test_long_rows_are_split_where_one_sequence_would_score_too_many_pairs() -> None:
+    from nbtrain.contract.objectives import padding_free_bins
 
-    long_rows = [300, 650, 900, 1000, 700, 450, 800, 520]  # flattened: 5,320 tokens, 28M pairs a head
-    assert not padding_free_cheaper(long_rows, **SMOL, varlen=False)
-    assert padding_free_cheaper(long_rows, **SMOL, varlen=True)  # flash-attention: each row's own pairs
+    long_rows = [300, 650, 900, 1000, 700, 450, 800, 520]  # one sequence: 5,320 tokens, 28M pairs a head
+    bins = padding_free_bins(long_rows, **SMOL, varlen=False)
+    assert bins is not None and 1 < len(bins) < 8
+    widths = [sum(long_rows[i] for i in b) for b in bins]
+    assert len(bins) * max(widths) ** 2 < 8 * 1000**2  # fewer pairs than padded, and fewer positions
+    assert padding_free_bins(long_rows, **SMOL, varlen=True) == [list(range(8))]  # flash-attention: one
 
 
 def test_flattening_is_refused_where_its_attention_would_keep_too_much_memory() -> None:
-    from nbtrain.contract.objectives import PADDING_FREE_EXTRA_ATTENTION_BYTES, padding_free_cheaper
+    from nbtrain.contract.objectives import PADDING_FREE_EXTRA_ATTENTION_BYTES, padding_free_bins
 
-    # a 7B-like layer: the weights dominate, so flattening 8 x 600 tokens costs fewer FLOPs, but SDPA would
-    # keep 32 heads x 4,800^2 scores in every layer
+    # a 7B-like layer: the weights dominate, so one sequence of 8 x ~600 tokens costs fewer FLOPs, but SDPA
+    # would keep 32 heads x 5,000^2 scores in every layer; more sequences, fewer pairs, are still taken
     big = {"layer_params": 200_000_000, "attention_width": 4096, "heads": 32, "layers": 32}
     rows = [600, 500, 700, 400, 650, 550, 620, 1024]
     extra = (sum(rows) ** 2 - 8 * 1024**2) * 32 * 4 * 32
     assert extra > PADDING_FREE_EXTRA_ATTENTION_BYTES
-    assert not padding_free_cheaper(rows, **big, varlen=False)
-    assert padding_free_cheaper(rows, **big, varlen=True)
+    bins = padding_free_bins(rows, **big, varlen=False)
+    assert bins is not None and len(bins) > 1
+    assert padding_free_bins(rows, **big, varlen=True) == [list(range(8))]
 
 
 def test_one_row_or_equal_rows_have_nothing_to_gain() -> None:
-    from nbtrain.contract.objectives import padding_free_cheaper
+    from nbtrain.contract.objectives import padding_free_bins
 
-    assert not padding_free_cheaper([50], **SMOL, varlen=True)
-    assert not padding_free_cheaper([50, 50, 50], **SMOL, varlen=True)
-    assert not padding_free_cheaper([], **SMOL, varlen=False)
+    assert padding_free_bins([50], **SMOL, varlen=True) is None
+    assert padding_free_bins([50, 50, 50], **SMOL, varlen=True) is None
+    assert padding_free_bins([52] * 8, **SMOL, varlen=False) is None
+    assert padding_free_bins([], **SMOL, varlen=False) is None

@@ -54,6 +54,40 @@ def test_a_flattened_batch_has_the_padded_batchs_loss(model_type: str) -> None:
     assert float(got) == pytest.approx(float(want), abs=1e-5)
 
 
+def test_rows_laid_end_to_end_in_several_sequences_have_the_padded_loss_and_gradients() -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from nbtrain.worker.data import PaddingFreeWhereCheaper
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **TINY))
+    padded = DataCollatorForLanguageModeling(pad_token_id=0)
+    rng = random.Random(1)
+    batch = [
+        {"input_ids": [rng.randrange(3, 300) for _ in range(n)]} for n in (20, 35, 52, 60, 44, 90, 71, 30)
+    ]
+    collate = PaddingFreeWhereCheaper(padded, model, pad_token_id=0, pad_to_multiple_of=None)
+    collate.facts.update(layer_params=3_981_312, attention_width=576, heads=9, layers=30)  # SmolLM2's
+    flat = collate(batch)
+    assert flat["input_ids"].shape[0] == 2 and "attention_mask" not in flat  # two sequences of four rows
+    assert int((flat["labels"] != -100).sum()) == sum(
+        len(r["input_ids"]) - 1 for r in batch
+    )  # each row's first
+
+    def loss_and_grads(inputs: dict[str, Any]) -> tuple[float, list[Any]]:
+        model.zero_grad()
+        out = model(**inputs, use_cache=False)
+        out.loss.backward()
+        return float(out.loss), [p.grad.clone() for p in model.parameters()]
+
+    want, want_grads = loss_and_grads(padded(batch))
+    got, got_grads = loss_and_grads(flat)
+    assert got == pytest.approx(want, rel=1e-5)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
 def test_the_sft_trainer_steps_through_a_flattened_batch_as_through_a_padded_one(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -376,8 +376,9 @@ def _plan_liger(cfg: RunConfig, hw: Hardware, plan: Plan, mc: Mapping[str, Any] 
 
 def _plan_padding_free(cfg: RunConfig, plan: Plan, mc: Mapping[str, Any] | None) -> None:
     """padding_free and packing left out, SFT on a text decoder whose attention keeps rows laid end to end
-    apart (PACKED_MODEL_TYPES): each batch is flattened where that costs less than padding it. Measured
-    (SmolLM2-135M LoRA, 8 rows of 20-90 tokens, 2 CPU cores): 1.34x the steps/s, the same loss."""
+    apart (PACKED_MODEL_TYPES): each batch's rows are laid end to end where that costs less than padding
+    them (contract/objectives.padding_free_bins). Measured (SmolLM2-135M LoRA, 8 rows of 20-90 tokens, 2
+    CPU cores): 1.34x the steps/s in one sequence, the same loss (bench_real: 1.45x bare TRL's)."""
     train = cfg.train
     if cfg.objective != "sft" or cfg.vision is not None or "padding_free" in train or train.get("packing"):
         return
@@ -386,7 +387,7 @@ def _plan_padding_free(cfg: RunConfig, plan: Plan, mc: Mapping[str, Any] | None)
         return
     plan.padding_free = True
     how = "flash-attention 2 scores each row's own tokens" if plan.attn_implementation else (
-        "where a batch's rows are short enough that one sequence's attention costs less than the padding"
+        "in as many sequences as cost least (attention pairs against padding), or padded where cheaper"
     )  # fmt: skip
     plan.reasons.append(
         f"padding-free batches: each batch's rows laid end to end, no padding multiplied, {how} (a "

@@ -151,7 +151,7 @@ def sft_trainer() -> type:
                         ((logits.argmax(-1) == labels) & mask).sum(),
                         inputs["attention_mask"].sum()
                         if "attention_mask" in inputs
-                        else torch.tensor(inputs["input_ids"].size(1), device=mask.device),
+                        else torch.tensor(inputs["input_ids"].numel(), device=mask.device),
                     ]
                 ).double()
                 if self.accelerator.num_processes > 1:  # one collective for the four numbers
