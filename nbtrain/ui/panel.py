@@ -677,13 +677,29 @@ def _message_html(m: Mapping[str, Any]) -> str:
 
 
 def _tools_html(tools: list[Mapping[str, Any]]) -> str:
-    """A row's tool definitions, collapsed to their names (the schemas one click away)."""
-    names = [str((t.get("function") or {}).get("name")) for t in tools if isinstance(t, Mapping)]
-    schemas = html.escape(_clip(json.dumps(list(tools), indent=1, ensure_ascii=False)))
+    """A row's tool definitions, collapsed to their names; open, one signature a line (each parameter
+    with its JSON type, the required ones without a "?") and the description in grey."""
+    names, lines = [], []
+    for t in tools:
+        fn = t.get("function") if isinstance(t, Mapping) else None
+        if not isinstance(fn, Mapping):
+            continue
+        params = fn.get("parameters") if isinstance(fn.get("parameters"), Mapping) else {}
+        props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
+        required = set(params.get("required") or [])
+        args = ", ".join(
+            f"{k}{'' if k in required else '?'}: {v.get('type', 'any') if isinstance(v, Mapping) else 'any'}"
+            for k, v in props.items()
+        )
+        name = str(fn.get("name"))
+        names.append(name)
+        about = str(fn.get("description") or "")
+        grey = f" <span style='color:#777'>{html.escape(about)}</span>" if about else ""
+        lines.append(html.escape(f"{name}({args})") + grey)
     return (
         f"<details><summary><span style='color:#ef6c00;font-weight:bold'>tools</span> "
         f"<small>({len(names)}: {html.escape(', '.join(names))})</small></summary>"
-        f"<pre style='{_PRE};margin-left:1em'>{schemas}</pre></details>"
+        f"<pre style='{_PRE};margin-left:1em'>{'<br>'.join(lines)}</pre></details>"
     )
 
 

@@ -779,4 +779,10 @@ def test_preview_renders_tool_rows_with_their_tools_and_calls(workdir: Path) -> 
     assert "call</span> get_weather({" in shown
     assert "<details><summary><span style='color:#ef6c00;font-weight:bold'>tools</span>" in shown
     assert "(3: get_weather, add, convert)</small></summary>" in shown  # collapsed to the names
-    assert shown.count('&quot;description&quot;') == 3 * 3  # the schemas, one click away (3 rows)
+    # open: one signature a line, with the description (3 rows)
+    assert (
+        shown.count(
+            "get_weather(city: string) <span style='color:#777'>today&#x27;s weather in a city</span>"
+        )
+        == 3
+    )
