@@ -259,7 +259,6 @@ def accuracy(
     from the run's server when one is up, else from one-shot processes. The report, with every answer,
     is also kept in ``<run>/eval/accuracy.json``. ``match="contains"``: an answer is right when it holds
     the expected text (case aside), for answers whose wording may vary around a name or a fact."""
-    from nbtrain.contract.rundir import atomic_write_json
     from nbtrain.control.serve import generate
 
     problems = []
@@ -281,16 +280,30 @@ def accuracy(
         before = generate(r, prompts, base=True, max_new_tokens=max_new_tokens, timeout=timeout)
     data = {"run_id": r.id, "step": r.status().step, "prompts": prompts, "expected": expected,
             "before": before, "after": after, "match": match}  # fmt: skip
-    path = r.dir / EVAL_DIR / ACCURACY_FILE
-    path.parent.mkdir(exist_ok=True)
-    atomic_write_json(path, data)
-    return AccuracyReport(path, data)
+    return AccuracyReport(save_check(r, ACCURACY_FILE, data), data)
 
 
 def latest_accuracy(run: str | Path | Run) -> AccuracyReport:
     """The run's last accuracy check (``nbtrain.accuracy``), read back without asking the model again."""
     r = get_run(run)
-    path = r.dir / EVAL_DIR / ACCURACY_FILE
+    return AccuracyReport(
+        *read_check(r, ACCURACY_FILE, f"accuracy check yet; run nbtrain.accuracy({r.id!r}, ...)")
+    )
+
+
+def save_check(r: Run, name: str, data: dict[str, Any]) -> Path:
+    """A check's report (accuracy, tool calls) written whole as ``<run>/eval/NAME``; its path."""
+    from nbtrain.contract.rundir import atomic_write_json
+
+    path = r.dir / EVAL_DIR / name
+    path.parent.mkdir(exist_ok=True)
+    atomic_write_json(path, data)
+    return path
+
+
+def read_check(r: Run, name: str, missing: str) -> tuple[Path, Any]:
+    """(path, report) of the run's last ``name`` check; NbtrainError "run ID has no MISSING first"."""
+    path = r.dir / EVAL_DIR / name
     if not path.exists():
-        raise NbtrainError(f"run {r.id} has no accuracy check yet; run nbtrain.accuracy({r.id!r}, ...) first")
-    return AccuracyReport(path, read_json(path))
+        raise NbtrainError(f"run {r.id} has no {missing} first")
+    return path, read_json(path)

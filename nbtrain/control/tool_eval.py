@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.contract.errors import NbtrainError, RowError
-from nbtrain.contract.rundir import atomic_write_json, read_json
-from nbtrain.control.evaluate import EVAL_DIR
+from nbtrain.control.evaluate import read_check, save_check
 from nbtrain.control.runs.run import Run, get_run
 
 if TYPE_CHECKING:
@@ -232,18 +231,11 @@ def tool_accuracy(
     metrics = {"after": score(cases, after), "before": None if before is None else score(cases, before)}
     data = {"run_id": r.id, "step": r.status().step, "cases": cases, "after": after, "before": before,
             "metrics": metrics}  # fmt: skip
-    path = r.dir / EVAL_DIR / TOOL_CALLS_FILE
-    path.parent.mkdir(exist_ok=True)
-    atomic_write_json(path, data)
-    return ToolCallReport(path, data)
+    return ToolCallReport(save_check(r, TOOL_CALLS_FILE, data), data)
 
 
 def latest_tool_accuracy(run: str | Path | Run) -> ToolCallReport:
     """The run's last tool-call check, read back without asking the model again."""
     r = get_run(run)
-    path = r.dir / EVAL_DIR / TOOL_CALLS_FILE
-    if not path.exists():
-        raise NbtrainError(
-            f"run {r.id} has no tool-call check yet; run nbtrain.tool_accuracy({r.id!r}, rows) first"
-        )
-    return ToolCallReport(path, read_json(path))
+    missing = f"tool-call check yet; run nbtrain.tool_accuracy({r.id!r}, rows)"
+    return ToolCallReport(*read_check(r, TOOL_CALLS_FILE, missing))

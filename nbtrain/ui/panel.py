@@ -684,8 +684,10 @@ def _tools_html(tools: list[Mapping[str, Any]]) -> str:
         fn = t.get("function") if isinstance(t, Mapping) else None
         if not isinstance(fn, Mapping):
             continue
-        params = fn.get("parameters") if isinstance(fn.get("parameters"), Mapping) else {}
-        props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
+        given = fn.get("parameters")
+        params: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+        listed = params.get("properties")
+        props: Mapping[str, Any] = listed if isinstance(listed, Mapping) else {}
         required = set(params.get("required") or [])
         args = ", ".join(
             f"{k}{'' if k in required else '?'}: {v.get('type', 'any') if isinstance(v, Mapping) else 'any'}"
