@@ -1470,11 +1470,11 @@ def _chat_template(raw: dict[str, Any], base: Path, probs: _Problems) -> dict[st
     if path is None:
         path = Path(value).expanduser()
         path = path if path.is_absolute() else base / path
-        if not path.is_file():
+        if not path.is_file() or path.suffix not in (".jinja", ".j2"):
             probs.add(
                 ("chat_template",),
-                f"chat_template: {value!r} is neither a built-in template ({names}) nor a template file "
-                f"(looked for {path})",
+                f"chat_template: {value!r} is neither a built-in template ({names}) nor a Jinja template "
+                f"file (.jinja or .j2; looked for {path})",
             )
             return raw
     raw["train"] = {**train, "chat_template_path": str(path.resolve())}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -131,6 +132,10 @@ def tokenised(
     args["use_cpu"] = True
     train, fmt, described = load_train(cfg, resolved["data"], "sft", seed, limit=rows, preprocess=preprocess)
     sft_args = SFTConfig(output_dir=out_dir, **args)
+    template_file = sft_args.chat_template_path
+    if template_file and os.path.isfile(template_file) and template_file.endswith((".jinja", ".j2")):
+        with open(template_file, encoding="utf-8") as f:  # as SFTTrainer sets it (train: chat_template_path)
+            tok.chat_template = f.read()
     # Untruncated, unpacked and in order: the lengths are the statistics, truncation is shown separately.
     prep_args = replace(sft_args, max_length=None, packing=False, shuffle_dataset=False)
     sample = first_row(train) or {}

@@ -82,7 +82,7 @@ def test_the_built_in_chatml_tools_template_lets_tool_rows_train(tools_dir: Path
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
-        ("chat_template: chatml-tool\n", "neither a built-in template (chatml-tools) nor a template file"),
+        ("chat_template: chatml-tool\n", "neither a built-in template (chatml-tools) nor a Jinja template"),
         ("chat_template: 3\n", "names a built-in template (chatml-tools) or a Jinja file"),
         ("chat_template: chatml-tools\n", "keep one"),
     ],
@@ -115,3 +115,20 @@ def test_chatml_tools_trains_the_call_and_the_end_of_turn_and_the_server_reads_t
     parsed = parse_tool_calls(trained[0].removesuffix("<|im_end|>"), "hermes", TOOLS)
     want = msgs[1]["tool_calls"][0]["function"]
     assert parsed.error is None and parsed.calls == [{"name": want["name"], "arguments": want["arguments"]}]
+
+
+def test_the_token_preview_renders_with_the_runs_chat_template(tools_dir: Path) -> None:
+    """TRL's SFTTrainer sets train: chat_template_path's template itself; the preview job, which calls its
+    dataset preparation without building a trainer, sets it the same way."""
+    from nbtrain.worker.jobs.preview import preview
+
+    (tools_dir / "notes.txt").write_text(TOOLS_TEMPLATE)
+    with pytest.raises(ConfigError, match="nor a Jinja template file"):
+        load_config(tools_config("chat_template: notes.txt\n"))  # TRL would take it for a model id
+    resolved = json.loads(
+        json.dumps(nbtrain.prepare(tools_config("chat_template: chatml-tools\n")).to_dict())
+    )
+    text = "".join(t for t, _ in preview(resolved, n=1, stats_rows=1)["examples"][0]["segments"])
+    assert (
+        "<|im_start|>system" in text and '<tool_call>{"name": "get_weather", "arguments": {"city": ' in text
+    )
