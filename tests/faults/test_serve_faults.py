@@ -314,3 +314,47 @@ def test_a_streaming_client_that_leaves_and_one_that_gave_up_waiting_generate_no
     assert len(stopped) == 2, stopped
     assert stopped[0] == (0, LONG)  # the one that waited never started
     assert 0 < stopped[1][0] < LONG
+
+
+ASK = {"role": "user", "content": "Weather in Oslo?"}
+BAD_CALL = {
+    "role": "assistant",
+    "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{bad"}}],
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "says"),
+    [
+        ({"tools": "get_weather"}, "tools", "tools must be a list"),
+        ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools", "no function name"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": "{"}}]},
+            "tools",
+            "not JSON",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "writes no tool calls"),
+        ({"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+        ({"messages": [ASK, {"role": "tool", "content": "sunny"}]}, "messages", "no call before it"),
+        (
+            {"messages": [ASK, BAD_CALL, {"role": "tool", "content": "1"}]},
+            "messages",
+            "arguments is not JSON",
+        ),
+        (
+            {"messages": [ASK, {"role": "assistant", "tool_calls": "f()"}]},
+            "messages",
+            "must be a list of calls",
+        ),
+    ],
+)
+def test_hostile_tool_requests_get_a_400_naming_the_field_before_generating(
+    server: ServerHandle, extra: dict[str, Any], param: str, says: str
+) -> None:
+    t = time.monotonic()
+    status, out, _ = call(server, "/chat/completions", {"messages": [ASK], "max_tokens": 2, **extra})
+    assert status == 400, out
+    assert out["error"]["param"] == param and says in out["error"]["message"], out
+    assert time.monotonic() - t < 5  # refused before generating anything
+    assert_answers(server)
