@@ -28,13 +28,12 @@ def test_parse_call_reads_the_first_well_formed_call_only() -> None:
 
 @pytest.fixture(scope="module")
 def tools_run(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """SmolLM2 with the tools template, LoRA-trained on the request and the call of 600 rows (12 steps),
-    with the held-out requests and the model's accuracy on them before."""
+    """SmolLM2 with the tools template, LoRA-trained on 600 whole tool conversations (the request, the call,
+    the function's result and the answer from it; 20 steps), with the held-out requests and the model's
+    accuracy on them before."""
     tmp = tmp_path_factory.mktemp("tools")
     model = tool_model(smollm2, tmp / "smollm2-tools")
     rows = tool_rows(600, seed=0)
-    for row in rows:
-        row["messages"] = row["messages"][:2]  # the request and the call: what is measured
     (tmp / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     cases = held_out(30, train=rows)  # cities and numbers no row names
     before, _ = call_accuracy(model, cases)
@@ -45,7 +44,7 @@ model: {model}
 method: lora
 data: {{train: tools.jsonl}}
 lora: {{r: 16, alpha: 32}}
-train: {{max_steps: 12, learning_rate: 3.0e-3, per_device_train_batch_size: 8, lr_scheduler_type: cosine,
+train: {{max_steps: 20, learning_rate: 3.0e-3, per_device_train_batch_size: 8, lr_scheduler_type: cosine,
          warmup_steps: 3, logging_steps: 1, save_strategy: "no", assistant_only_loss: true}}
 """,
             name="tools",
@@ -58,7 +57,7 @@ def test_a_short_lora_run_teaches_smollm2_to_call_tools_on_held_out_requests(
     tools_run: dict[str, Any],
 ) -> None:
     """The tiny models do not learn to copy an argument into a call in a test's budget (examples_tools'
-    docstring); SmolLM2-135M-Instruct, the smallest real model here, does in 12 steps."""
+    docstring); SmolLM2-135M-Instruct, the smallest real model here, does in 20 steps."""
     run, cases, before = tools_run["run"], tools_run["cases"], tools_run["before"]
     after, said = call_accuracy(run.output_dir, cases)
     print(f"tool calls right on {len(cases)} held-out requests: before {before:.2f}, after {after:.2f}")
@@ -129,7 +128,8 @@ def test_the_openai_client_gets_the_tuned_models_tool_calls_and_sends_the_result
     ]
     final = client.chat.completions.create(**ask)
     print("after the tool's result:", final.choices[0].message)
-    assert final.choices[0].message.content or final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason == "stop" and final.choices[0].message.tool_calls is None
+    assert final.choices[0].message.content == "It is sunny in Agra."  # the answer from the tool's result
 
     plain = client.chat.completions.create(**{**ask, "messages": msgs[:1], "tool_choice": "none"})
     assert plain.choices[0].message.tool_calls is None and plain.choices[0].finish_reason in (
@@ -165,7 +165,7 @@ def test_tool_accuracy_scores_the_tuned_models_calls_against_its_bases(tools_run
         and after["arguments_exact"] >= 0.7
         and after["called_when_should"] >= 0.8
     )
-    assert after["answered_when_should"] is not None  # the one row that should answer is scored
+    assert after["answered_when_should"] == 1.0  # the row that should answer from the result does
     assert nbtrain.latest_tool_accuracy(tools_run["run"]).metrics == after  # kept in eval/tool_calls.json
     table = report.table()
     assert list(table.columns) == ["asked", "expected", "before", "after"] and len(table) == 7
