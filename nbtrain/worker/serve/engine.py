@@ -15,6 +15,7 @@ while it waits for the lock) and stops when it says so: the server passes "the c
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -391,20 +392,28 @@ class Engine:
 
     def _render(self, msgs: list[dict[str, Any]], tools: Any) -> str:
         """The prompt's text (tok_lock held); with tools, a template that leaves them out is refused."""
-        text = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        if tools is None:
-            return str(text)
-        with_tools = self.tok.apply_chat_template(
-            msgs, tools=tools.tools, add_generation_prompt=True, tokenize=False
-        )
-        if with_tools == text:
+        if tools is not None and self._tools_missing is not None:
+            from nbtrain.contract.tools import TEMPLATE_FIX
+
             raise RequestError(
-                "this model's chat template leaves the tools out of the prompt, so the model could not know "
-                "them; serve it with a template that renders tools (train: chat_template_path) or leave "
-                "tools out",
+                f"this model's chat template does not render {self._tools_missing}, so the model could "
+                f"not know the tools; {TEMPLATE_FIX}; or leave tools out",
                 "tools",
             )
-        return str(with_tools)
+        extra = {"tools": tools.tools} if tools is not None else {}
+        return str(self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **extra))
+
+    @functools.cached_property
+    def _tools_missing(self) -> str | None:
+        """What of a tool-calling conversation this model's template leaves out (contract/tools' probe,
+        the worker's check of tool rows), rendered once per server; None when it keeps both."""
+        from nbtrain.contract.tools import probe_conversation, tools_left_out
+
+        messages, tools = probe_conversation()
+        try:
+            return tools_left_out(str(self.tok.apply_chat_template(messages, tools=tools, tokenize=False)))
+        except Exception as e:  # noqa: BLE001 - any failure of the template on tools is the answer
+            return f"a tool-calling conversation ({type(e).__name__})"
 
     @property
     def call_style(self) -> str | None:
