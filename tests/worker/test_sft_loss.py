@@ -50,11 +50,17 @@ def step(tr: Any) -> tuple[float, dict[str, float], list[Any]]:
 def test_plain_loss_path_matches_trl_loss_gradients_and_metrics(tiny_model: Path, tmp_path: Path) -> None:
     from trl import SFTTrainer
 
+    from nbtrain.examples import dataset_rows
     from nbtrain.worker.recipes.sft import sft_trainer
 
-    lean = trainer(sft_trainer(), tiny_model, tmp_path)
-    assert lean._plain_loss(next(iter(lean.get_train_dataloader())))
-    ours, trls = step(lean), step(trainer(SFTTrainer, tiny_model, tmp_path))
+    rows = dataset_rows(n=16)
+    for i, row in enumerate(rows):  # rows of different lengths: padded batches
+        row["messages"][0]["content"] += " please" * (i % 4)
+    lean = trainer(sft_trainer(), tiny_model, tmp_path, rows)
+    batch = next(iter(lean.get_train_dataloader()))
+    assert lean._plain_loss(batch)
+    assert not bool(batch["attention_mask"].all())  # padded rows: the model gets them without the mask
+    ours, trls = step(lean), step(trainer(SFTTrainer, tiny_model, tmp_path, rows))
     assert ours[0] == pytest.approx(trls[0], rel=1e-5)
     assert ours[1] == pytest.approx(trls[1], rel=1e-4)
     assert set(ours[1]) == {"entropy", "mean_token_accuracy", "num_tokens"}
@@ -75,3 +81,15 @@ def test_big_logits_keep_trls_chunked_head(
     assert not lean._plain_loss(batch)
     loss, metrics, _ = step(lean)  # TRL's own path still trains and logs
     assert loss > 0 and 0 <= metrics["mean_token_accuracy"] <= 1
+
+
+def test_only_a_causal_decoders_right_padding_mask_is_left_out() -> None:
+    from nbtrain.worker.recipes.sft import without_right_padding_mask
+
+    right = {"input_ids": torch.ones(2, 3), "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}
+    assert "attention_mask" not in without_right_padding_mask(right, "llama")
+    left = {**right, "attention_mask": torch.tensor([[1, 1, 1], [0, 1, 1]])}
+    holed = {**right, "attention_mask": torch.tensor([[1, 0, 1], [1, 1, 1]])}
+    positions = {**right, "position_ids": torch.zeros(2, 3)}
+    for kept, model_type in ((left, "llama"), (holed, "llama"), (positions, "llama"), (right, "qwen2_vl")):
+        assert without_right_padding_mask(kept, model_type) is kept

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from nbtrain.contract.objectives import sft_full_logits
+from nbtrain.contract.objectives import PACKED_MODEL_TYPES, sft_full_logits
 from nbtrain.worker.masks import own_masks, tools_template_problem, with_assistant_masks
 from nbtrain.worker.model import load_model, loraplus_optimizer, save_initial_adapter
 from nbtrain.worker.recipes.common import Recipe
@@ -78,6 +78,29 @@ def padding_free(trainer: Any, plan: dict[str, Any]) -> None:
     trainer.data_collator = PaddingFreeWhereCheaper(
         collator, trainer.model, collator.pad_token_id, collator.pad_to_multiple_of
     )
+
+
+MASK_FREE_KEYS = frozenset({"input_ids", "attention_mask", "labels", "use_cache"})
+
+
+def without_right_padding_mask(inputs: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """The batch as the model gets it: without its attention mask where the mask says only that the
+    rows are padded at the end, for a causal text decoder (PACKED_MODEL_TYPES: positions from 0 whatever
+    the mask). A real token then attends to the tokens before it only, as the mask would have it, and the
+    padding after it is never seen; the padding's own outputs have no labels. The loss and gradients are
+    the same (tests/worker/test_sft_loss.py), and SDPA takes its causal kernel instead of a masked one:
+    measured on SmolLM2-135M (8 rows of 51-53 tokens, 2 cores), ~40 ms of a ~1 s forward. Anything else
+    in the batch (position_ids, images, left padding) keeps the mask."""
+    mask = inputs.get("attention_mask")
+    if (
+        mask is None
+        or model_type not in PACKED_MODEL_TYPES
+        or not MASK_FREE_KEYS.issuperset(inputs)
+        or mask.dim() != 2
+        or not bool((mask[:, 1:] <= mask[:, :-1]).all())
+    ):
+        return inputs
+    return {k: v for k, v in inputs.items() if k != "attention_mask"}
 
 
 ENTROPY_ROWS = 16  # positions a chunk: its probabilities stay in the CPU's cache
@@ -137,7 +160,11 @@ def sft_trainer() -> type:
             mode = "train" if getattr(self.model, "training", False) else "eval"
             inputs["use_cache"] = False
             loss, outputs = Trainer.compute_loss(
-                self, model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
+                self,
+                model,
+                without_right_padding_mask(inputs, self._model_type()),
+                return_outputs=True,
+                num_items_in_batch=num_items_in_batch,
             )
             with torch.no_grad():  # TRL's metrics, from the logits the loss already built
                 labels = inputs["labels"][:, 1:]
@@ -163,6 +190,10 @@ def sft_trainer() -> type:
                 self._total_train_tokens += int(tokens) // self._tp_size
             self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
             return (loss, outputs) if return_outputs else loss
+
+        def _model_type(self) -> str:
+            model: Any = self.model
+            return str(getattr(model.config, "model_type", ""))
 
         def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
             """A padding-free batch (position_ids, no attention mask) has no padding to leave out, and its
