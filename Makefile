@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum 
 # DeepSpeed compiles C++ ops on first use (60-120 s each); one cache per machine that tests and CI reuse.
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/nbtrain/torch_extensions
 
-.PHONY: install demo test check lint typecheck pytest bench faults clean
+.PHONY: install demo test check lint typecheck pytest bench faults clean llamacpp
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,12 +32,20 @@ lint: install
 typecheck: install
 	$(PY) -m mypy
 
-# NBTRAIN_REQUIRE_BROWSER: here the browser tests fail, rather than skip, when chromium or the build is missing.
+# NBTRAIN_REQUIRE_BROWSER / _LLAMACPP: here those tests fail, rather than skip, when chromium, the lab build
+# or llama.cpp is missing.
 pytest: install labext chromium
-	NBTRAIN_REQUIRE_BROWSER=1 $(PY) -m pytest -q -ra --durations=25
+	NBTRAIN_REQUIRE_BROWSER=1 NBTRAIN_REQUIRE_LLAMACPP=1 $(PY) -m pytest -q -ra --durations=25
+
+# llama.cpp for GGUF export (nbtrain.control.llamacpp): pip builds llama-cpp-python from its sdist once per
+# machine (~4.5 min on 2 cores; then seconds) and its converter is kept in nbtrain's cache. `make test`
+# starts it in the background first; the GGUF tests wait for it (its log: the cache's llama.cpp/setup.log).
+llamacpp: install
+	@echo "llama.cpp setup started in the background (GGUF export; the tests that need it wait for it)"
+	@setsid nohup $(PY) -m nbtrain.control.llamacpp setup > $(VENV)/llamacpp-setup.out 2>&1 &
 
 # chromium first: on a machine where it cannot be installed, stop before minutes of setup, not after.
-test: chromium lint typecheck pytest
+test: chromium llamacpp lint typecheck pytest
 
 # The fast tier, to iterate with: lint, types and every test that starts no training process, drives no
 # browser and needs no GPU (make test runs them all).

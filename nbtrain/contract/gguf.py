@@ -47,6 +47,25 @@ def gguf_dir() -> Path:
     return cache_dir() / "gguf"
 
 
+# --- Export to GGUF (nbtrain.control.llamacpp sets it up; nbtrain.worker.jobs.export_gguf runs it) ---
+# llama.cpp as the package registry has it: the llama-cpp-python sdist vendors llama.cpp with its
+# converter (convert_hf_to_gguf.py, the conversion/ package, gguf-py). Built once per machine (pip keeps
+# the wheel), its converter files kept in the cache beside it.
+LLAMA_CPP_PYTHON = "0.3.36"
+# What a GGUF export may be quantised to: llama.cpp's file types (llama_ftype), by the names its tools use.
+GGUF_QUANTS = {
+    "f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9,
+    "q2_k": 10, "q3_k_s": 11, "q3_k_m": 12, "q3_k_l": 13, "q4_k_s": 14, "q4_k_m": 15,
+    "q5_k_s": 16, "q5_k_m": 17, "q6_k": 18,
+}  # fmt: skip
+GGUF_FLOATS = ("f32", "f16", "bf16")  # what the converter writes itself; the rest are quantised from it
+
+
+def llama_cpp_dir() -> Path:
+    """The converter files of the pinned llama-cpp-python sdist (complete when it holds CONVERTED)."""
+    return cache_dir() / "llama.cpp" / LLAMA_CPP_PYTHON
+
+
 def is_gguf(path: str | Path) -> bool:
     return str(path).lower().endswith(SUFFIX)
 
@@ -133,6 +152,9 @@ def conversion_lock(folder: Path) -> Iterator[None]:
 __all__ = [
     "CONVERTED",
     "DTYPES",
+    "GGUF_FLOATS",
+    "GGUF_QUANTS",
+    "LLAMA_CPP_PYTHON",
     "SUFFIX",
     "cache_dir",
     "conversion_lock",
@@ -142,4 +164,5 @@ __all__ = [
     "gguf_files",
     "is_converted",
     "is_gguf",
+    "llama_cpp_dir",
 ]

@@ -1,7 +1,12 @@
 """Export a run as a standalone model directory (kernel side; the work is ``nbtrain.worker.jobs.export``).
 
     nbtrain.export(run, to="merged-model", merge=True, dtype="bf16")      # or Run.export(...)
+    nbtrain.export(run, to="gguf-model", format="gguf", quant=["f16", "q8_0", "q4_k_m"])
     %finetune export RUN --to merged-model [--no-merge] [--dtype bf16] [--push-to-hub user/repo]
+    %finetune export RUN --to gguf-model --format gguf --quant f16,q8_0,q4_k_m
+
+GGUF (llama.cpp, Ollama, LM Studio): ``nbtrain.worker.jobs.export_gguf``; llama.cpp set up once per
+machine (``nbtrain.control.llamacpp``). Its model family is checked against the converter's own list here.
 
 Everything that can be checked without loading a model is checked here first (the run has trained
 weights, the dtype is known, the target is new or empty, the repo id is well formed), so bad input starts
@@ -21,6 +26,7 @@ from nbtrain.contract.errors import NbtrainError
 from nbtrain.control.process import run_job
 from nbtrain.control.runs.run import Run, get_run, last_checkpoint
 
+FORMATS = ("hf", "gguf")
 DTYPES = ("auto", "fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
 _REPO_ID = re.compile(r"^([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 
@@ -36,10 +42,32 @@ class ExportResult:
     def __repr__(self) -> str:
         pushed = f", pushed to {self.pushed}" if self.pushed else ""
         rec = self.record
-        return f"<export {self.kind} of run {rec.get('run_id')} in {self.dir} ({rec.get('dtype')}){pushed}>"
+        head = f"<export {self.kind} of run {rec.get('run_id')} in {self.dir} ({rec.get('dtype')}){pushed}>"
+        return head if self.kind != "gguf" else head + "\n" + gguf_table(rec.get("gguf") or {})
 
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(repr(self))}\n{html.escape(json.dumps(self.record, indent=2))}</pre>"
+
+
+def gguf_table(report: dict[str, Any]) -> str:
+    """The GGUF export's check, one line a file, and the Ollama command."""
+    n = report.get("prompts", 0)
+    lines = [f"checked on {n} prompts ({report.get('prompts_from')})" if n else "not checked: no SFT prompts"]
+    ref = (report.get("transformers") or {}).get("accuracy")
+    if ref is not None:
+        lines.append(f"  transformers (merged model): accuracy {ref:.2f}")
+    for q, f in (report.get("files") or {}).items():
+        size = f"{f['bytes'] / 2**20:,.1f} MiB"
+        if "same_as_transformers" in f:
+            acc = "" if f.get("accuracy") is None else f", accuracy {f['accuracy']:.2f}"
+            lines.append(f"  {q:<7} {size:>11}  answers as transformers' {f['same_as_transformers']}/{n}"
+                         f"{acc}, {f['tokens_per_s']:.0f} tokens/s in llama.cpp")  # fmt: skip
+        else:
+            lines.append(f"  {q:<7} {size:>11}")
+    create = (report.get("ollama") or {}).get("create")
+    if create:
+        lines.append(f"Ollama: {create}")
+    return "\n".join(lines)
 
 
 def has_trained_weights(run: Run) -> bool:
@@ -49,6 +77,67 @@ def has_trained_weights(run: Run) -> bool:
         or (out / "config.json").exists()
         or (last_checkpoint(run) is not None)
     )
+
+
+def _quants(quant: str | list[str] | None) -> list[str]:
+    if quant is None:
+        return ["f16"]
+    items = quant.split(",") if isinstance(quant, str) else list(quant)
+    return list(dict.fromkeys(str(q).strip().lower() for q in items if str(q).strip()))
+
+
+def gguf_problems(run: Run, quants: list[str], merge: bool) -> list[str]:
+    """What stops a GGUF export of ``run`` before anything starts: llama.cpp not set up, an unknown type,
+    a model family llama.cpp's converter does not convert, a vision model, no merge."""
+    from nbtrain.contract.gguf import GGUF_QUANTS
+    from nbtrain.control import llamacpp
+
+    problems = []
+    unknown = [q for q in quants if q not in GGUF_QUANTS]
+    if unknown or not quants:
+        problems.append(f"quant {', '.join(unknown) or '(none)'}: give some of {', '.join(GGUF_QUANTS)}")
+    if not merge:
+        problems.append("a GGUF export is of the merged model; leave merge on (no --no-merge)")
+    why = llamacpp.missing()
+    if why:
+        return [*problems, why]
+    config = _base_config(run)
+    why = family_problem(config or {}, llamacpp.architectures()[0])
+    return [*problems, why] if why else problems
+
+
+def family_problem(config: dict[str, Any], convertible: set[str]) -> str | None:
+    """Why llama.cpp's converter (which converts the model classes ``convertible``) cannot take a model
+    of this config.json, if it cannot."""
+    archs = set(config.get("architectures") or [])
+    if config.get("vision_config") is not None:
+        return (
+            "GGUF export of a vision-language model is not supported yet: its vision projector (mmproj) "
+            "would need a second file llama.cpp loads beside it; export it in safetensors (format='hf')"
+        )
+    if archs and not archs & convertible:
+        near = sorted(a for a in convertible if a.endswith("ForCausalLM"))
+        return (
+            f"llama.cpp's converter does not convert {', '.join(sorted(archs))}; it converts "
+            f"{len(convertible)} model classes, such as {', '.join(near[:12])}, ...; export in "
+            "safetensors (format='hf')"
+        )
+    return None
+
+
+def _base_config(run: Run) -> dict[str, Any] | None:
+    """config.json of the model the run trained: its output's (a full run) or its base model's."""
+    from nbtrain.contract.rundir import read_json
+    from nbtrain.control.memory import load_model_config
+
+    out = run.paths.output / "config.json"
+    if out.is_file():
+        return dict(read_json(out))
+    try:
+        cfg = read_json(run.paths.resolved)["config"]
+        return load_model_config(cfg["model"], cfg.get("revision"), cfg.get("gguf_file"))
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def export(
@@ -61,9 +150,17 @@ def export(
     push_to_hub: str | None = None,
     private: bool = True,
     timeout: float | None = None,
+    format: str = "hf",
+    quant: str | list[str] | None = None,
+    prompts: list[str] | None = None,
 ) -> ExportResult:
     """Write the run's model to ``to``: merged into the base (default; QLoRA into the de-quantised base)
     so ``AutoModelForCausalLM.from_pretrained(to)`` works, or its adapter only (``merge=False``).
+
+    ``format="gguf"``: GGUF files for llama.cpp / Ollama / LM Studio, one per ``quant`` (default f16;
+    e.g. ``["f16", "q8_0", "q4_k_m"]``), converted once and quantised from that conversion, each checked
+    by running it in llama.cpp against the merged model (on ``prompts``, else the run's held-out rows);
+    an Ollama Modelfile and a README beside them.
 
     ``dtype``: auto (the base model's), fp32, bf16 or fp16. A non-empty ``to`` is refused unless
     ``overwrite``. ``push_to_hub="user/repo"`` uploads the result afterwards (a private repo unless
@@ -87,11 +184,22 @@ def export(
         )
     if push_to_hub is not None and not _REPO_ID.match(push_to_hub):
         problems.append(f"push_to_hub {push_to_hub!r} is not a hub repo id such as 'user/my-model'")
+    quants = _quants(quant)
+    if format not in FORMATS:
+        problems.append(f"format {format!r} is not one of {', '.join(FORMATS)}")
+    elif format == "gguf":
+        problems += gguf_problems(r, quants, merge)
+    elif quant is not None:
+        problems.append("quant is for format='gguf' (--format gguf)")
     if problems:
         raise NbtrainError("not exported: " + "; ".join(problems))
     args = [str(r.dir), "--to", str(target), "--dtype", dtype, "--merge" if merge else "--no-merge"]
     if overwrite:
         args.append("--overwrite")
+    if format == "gguf":
+        args += ["--format", "gguf", "--quant", ",".join(quants)]
+        if prompts:
+            args += ["--prompts", json.dumps([str(p) for p in prompts][:64])]
     if push_to_hub:
         args += ["--push-to-hub", push_to_hub] + ([] if private else ["--public"])
     log = r.paths.logs / "export.log"
@@ -103,6 +211,8 @@ def export(
         raise NbtrainError(f"export of run {r.id} failed: {res.get('error')}; see {log}")
     record = res["record"]
     out = ExportResult(target, record["kind"], record, list(res.get("files") or []), res.get("pushed"))
+    if record["kind"] == "gguf":
+        print(gguf_table(record.get("gguf") or {}), flush=True)
     if res.get("push_error"):
         raise NbtrainError(
             f"exported to {target}, but pushing it to the hub repo {push_to_hub!r} failed: "

@@ -485,7 +485,16 @@ def _export(a: Args) -> Any:
     from nbtrain.control.export import export
 
     return export(a.run, to=a.to, merge=a.merge, dtype=a.dtype, overwrite=a.overwrite,
-                  push_to_hub=a.push_to_hub, private=not a.public)  # fmt: skip
+                  push_to_hub=a.push_to_hub, private=not a.public, format=a.format,
+                  quant=a.quant)  # fmt: skip
+
+
+def _gguf_setup(a: Args) -> str:
+    from nbtrain.control import llamacpp
+
+    if llamacpp.missing() is None:
+        return f"llama.cpp is ready (converter in {llamacpp.tools_dir()})"
+    return f"llama.cpp set up: converter in {llamacpp.setup()}"
 
 
 def _print_repr(result: Any, a: Args) -> int:
@@ -762,7 +771,7 @@ TABLE: tuple[Verb, ...] = (
     ),
     Verb(
         "export",
-        "Save a run's model as a standalone directory (LoRA merged).",
+        "Save a run's model as a standalone directory (LoRA merged), or as GGUF files (--format gguf).",
         (
             _run_arg(),
             arg("--to", required=True, help="the directory to write (new or empty)"),
@@ -773,6 +782,18 @@ TABLE: tuple[Verb, ...] = (
                 help="merge the adapter into the base (default); --no-merge: adapter only",
             ),
             arg("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"]),
+            arg(
+                "--format",
+                default="hf",
+                choices=["hf", "gguf"],
+                help="hf: safetensors (default); gguf: for llama.cpp, Ollama, LM Studio",
+            ),
+            arg(
+                "--quant",
+                default=None,
+                metavar="TYPES",
+                help="gguf: types to write, e.g. f16,q8_0,q4_k_m (default f16)",
+            ),
             arg("--overwrite", action="store_true", help="replace what is in --to"),
             arg("--push-to-hub", default=None, metavar="REPO", help="then upload to this hub repo"),
             arg("--public", action="store_true", help="create the hub repo public (default private)"),
@@ -780,6 +801,14 @@ TABLE: tuple[Verb, ...] = (
         _export,
         _returned,
         _print_repr,
+    ),
+    Verb(
+        "gguf-setup",
+        "Set up llama.cpp for --format gguf: builds llama-cpp-python once per machine (~5 min on 2 cores).",
+        (),
+        _gguf_setup,
+        _print_in_notebook,
+        _print,
     ),
     Verb(
         "tensorboard",

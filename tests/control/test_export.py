@@ -64,6 +64,50 @@ def test_every_problem_is_reported_at_once_before_anything_starts(run_copy: Path
     assert not (tmp_path / "x").exists() and not (run_copy / "logs" / "export.log").exists()
 
 
+def test_a_gguf_export_with_unknown_types_or_without_a_merge_is_refused_before_it_starts(
+    run_copy: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(NbtrainError) as err:
+        nbtrain.export(run_copy, to=tmp_path / "x", format="gguf", quant="f16,q9_z", merge=False)
+    msg = str(err.value)
+    assert "quant q9_z: give some of f32, f16, bf16, q8_0" in msg and "leave merge on" in msg
+    with pytest.raises(NbtrainError, match="format 'onnx' is not one of hf, gguf"):
+        nbtrain.export(run_copy, to=tmp_path / "x", format="onnx")
+    with pytest.raises(NbtrainError, match="quant is for format='gguf'"):
+        nbtrain.export(run_copy, to=tmp_path / "x", quant="q8_0")
+    assert not (tmp_path / "x").exists() and not (run_copy / "logs" / "export.log").exists()
+
+
+def test_a_gguf_export_without_llama_cpp_set_up_says_how_to_set_it_up(
+    run_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path / "empty-cache"))  # no converter kept there
+    with pytest.raises(NbtrainError, match=r"GGUF export needs llama.cpp's converter .*nbtrain gguf-setup"):
+        nbtrain.export(run_copy, to=tmp_path / "x", format="gguf")
+    assert not (run_copy / "logs" / "export.log").exists()
+
+
+def test_families_the_converter_does_not_take_and_vision_models_are_named_with_the_reason() -> None:
+    from nbtrain.control.export import family_problem
+
+    known = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
+    assert family_problem({"architectures": ["LlamaForCausalLM"]}, known) is None
+    why = family_problem({"architectures": ["MadeUpForCausalLM"]}, known)
+    assert why is not None and "does not convert MadeUpForCausalLM" in why and "LlamaForCausalLM" in why
+    vision = family_problem({"architectures": ["LlavaForConditionalGeneration"], "vision_config": {}}, known)
+    assert vision is not None and "mmproj" in vision
+
+
+def test_the_kept_converter_lists_the_families_it_converts() -> None:
+    from nbtrain.control import llamacpp
+
+    if not llamacpp.kept():
+        pytest.skip(llamacpp.missing() or "")
+    text, projectors = llamacpp.architectures()
+    assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"} <= text and len(text) > 100
+    assert projectors  # vision projectors are a list of their own
+
+
 def test_the_kernel_side_imports_no_torch() -> None:
     code = (
         "import sys, nbtrain, nbtrain.ui.magics, nbtrain.control.export, nbtrain.control.evaluate\n"

@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, help="the directory to create")
     p.add_argument("--merge", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--dtype", default="auto", help="auto (the base model's), fp32, bf16 or fp16")
+    p.add_argument("--format", default="hf", choices=["hf", "gguf"], help="hf (safetensors) or gguf")
+    p.add_argument("--quant", default="f16", help="gguf: the types to write, comma-separated")
+    p.add_argument("--prompts", default=None, help="gguf: a JSON list of prompts to check each file on")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --to directory")
     p.add_argument("--push-to-hub", default=None, metavar="REPO", help="upload the result to this repo")
     p.add_argument("--public", action="store_true", help="create the hub repo public (default private)")
@@ -101,7 +104,17 @@ def merged_model(run_dir: Path, cfg: dict[str, Any], weights: Path, dtype: Any) 
     return model
 
 
-def write_export(run_dir: Path, target: Path, *, merge: bool, dtype_name: str) -> dict[str, Any]:
+def write_export(
+    run_dir: Path,
+    target: Path,
+    *,
+    merge: bool,
+    dtype_name: str,
+    fmt: str = "hf",
+    quants: list[str] | None = None,
+    final: Path | None = None,
+    prompts: list[str] | None = None,
+) -> dict[str, Any]:
     """Write the export into ``target`` (an empty, new directory); returns the provenance record."""
     import torch
     import transformers
@@ -118,7 +131,21 @@ def write_export(run_dir: Path, target: Path, *, merge: bool, dtype_name: str) -
     processor = load_processor(run_dir)  # a vision-language run's: saved beside the weights
     adapter_only = not merge and method in ("lora", "qlora")
     dtype: Any = None
-    if adapter_only:
+    report = None
+    if fmt == "gguf":
+        from nbtrain.worker.jobs.export_gguf import export_gguf
+
+        dtype = export_dtype(cfg, dtype_name)
+
+        def merged() -> Any:
+            print(f"nbtrain export: merging the {method} run's weights ({weights}), {dtype}", flush=True)
+            return merged_model(run_dir, cfg, weights, dtype).to(dtype)
+
+        name = str(resolved.get("name") or resolved.get("id") or run_dir.name)
+        report = export_gguf(run_dir, target, quants or ["f16"], merged=merged, tok=tok, resolved=resolved,
+                             weights=weights, name=name, final=final or target, prompts=prompts)  # fmt: skip
+        kind = "gguf"
+    elif adapter_only:
         # The adapter as trained; its adapter_config.json names the base model to load it onto.
         for name in ADAPTER_FILES:
             if (weights / name).exists():
@@ -136,7 +163,8 @@ def write_export(run_dir: Path, target: Path, *, merge: bool, dtype_name: str) -
         if generation is not None:
             generation.save_pretrained(str(target))
         kind = "merged" if method in ("lora", "qlora") else "full"
-    (processor or tok).save_pretrained(str(target))
+    if fmt != "gguf":
+        (processor or tok).save_pretrained(str(target))
     step = None
     if weights.name.startswith("checkpoint-"):
         step = int(weights.name.split("-", 1)[1])
@@ -159,6 +187,9 @@ def write_export(run_dir: Path, target: Path, *, merge: bool, dtype_name: str) -
         "weights_from": str(weights),
         "step": step,
         "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+        "format": fmt,
+        "quants": quants if fmt == "gguf" else None,
+        "gguf": report,
         "versions": {
             "nbtrain": __version__,
             "torch": torch.__version__,
@@ -259,7 +290,10 @@ def main(argv: list[str] | None = None, *, lean: bool = False) -> int:
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:
-        record = write_export(run_dir, partial, merge=args.merge, dtype_name=args.dtype)
+        quants = [q.strip() for q in args.quant.split(",") if q.strip()]
+        prompts = json.loads(args.prompts) if args.prompts else None
+        record = write_export(run_dir, partial, merge=args.merge, dtype_name=args.dtype, fmt=args.format,
+                              quants=quants, final=target, prompts=prompts)  # fmt: skip
         publish(partial, target)
     except BaseException as e:  # noqa: BLE001 - reported to the caller; the partial directory goes
         shutil.rmtree(partial, ignore_errors=True)
