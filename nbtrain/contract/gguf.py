@@ -59,6 +59,7 @@ GGUF_QUANTS = {
     "q5_k_s": 16, "q5_k_m": 17, "q6_k": 18,
 }  # fmt: skip
 GGUF_FLOATS = ("f32", "f16", "bf16")  # what the converter writes itself; the rest are quantised from it
+GGUF_LORA_TYPES = ("f16", "f32", "bf16", "q8_0")  # what llama.cpp's LoRA converter writes
 
 
 def llama_cpp_dir() -> Path:
@@ -153,6 +154,7 @@ __all__ = [
     "CONVERTED",
     "DTYPES",
     "GGUF_FLOATS",
+    "GGUF_LORA_TYPES",
     "GGUF_QUANTS",
     "LLAMA_CPP_PYTHON",
     "SUFFIX",

@@ -43,7 +43,7 @@ class ExportResult:
         pushed = f", pushed to {self.pushed}" if self.pushed else ""
         rec = self.record
         head = f"<export {self.kind} of run {rec.get('run_id')} in {self.dir} ({rec.get('dtype')}){pushed}>"
-        return head if self.kind != "gguf" else head + "\n" + gguf_table(rec.get("gguf") or {})
+        return head + "\n" + gguf_table(rec.get("gguf") or {}) if self.kind.startswith("gguf") else head
 
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(repr(self))}\n{html.escape(json.dumps(self.record, indent=2))}</pre>"
@@ -89,15 +89,21 @@ def _quants(quant: str | list[str] | None) -> list[str]:
 def gguf_problems(run: Run, quants: list[str], merge: bool) -> list[str]:
     """What stops a GGUF export of ``run`` before anything starts: llama.cpp not set up, an unknown type,
     a model family llama.cpp's converter does not convert, a vision model, no merge."""
-    from nbtrain.contract.gguf import GGUF_QUANTS
+    from nbtrain.contract.gguf import GGUF_LORA_TYPES, GGUF_QUANTS
     from nbtrain.control import llamacpp
 
     problems = []
     unknown = [q for q in quants if q not in GGUF_QUANTS]
     if unknown or not quants:
         problems.append(f"quant {', '.join(unknown) or '(none)'}: give some of {', '.join(GGUF_QUANTS)}")
-    if not merge:
-        problems.append("a GGUF export is of the merged model; leave merge on (no --no-merge)")
+    method = _run_method(run)
+    if not merge and method != "lora":
+        problems.append(
+            f"--no-merge (the adapter as a GGUF LoRA) is for LoRA runs; this is a {method} run: leave "
+            "merge on"
+        )
+    elif not merge and (odd := [q for q in quants if q not in GGUF_LORA_TYPES]):
+        problems.append(f"a GGUF LoRA is written as {', '.join(GGUF_LORA_TYPES)}, not {', '.join(odd)}")
     why = llamacpp.missing()
     if why:
         return [*problems, why]
@@ -123,6 +129,15 @@ def family_problem(config: dict[str, Any], convertible: set[str]) -> str | None:
             "safetensors (format='hf')"
         )
     return None
+
+
+def _run_method(run: Run) -> str:
+    from nbtrain.contract.rundir import read_json
+
+    try:
+        return str(read_json(run.paths.resolved)["config"]["method"])
+    except (OSError, ValueError, KeyError):
+        return "unknown"
 
 
 def _base_config(run: Run) -> dict[str, Any] | None:
@@ -161,6 +176,9 @@ def export(
     e.g. ``["f16", "q8_0", "q4_k_m"]``), converted once and quantised from that conversion, each checked
     by running it in llama.cpp against the merged model (on ``prompts``, else the run's held-out rows);
     an Ollama Modelfile and a README beside them.
+
+    With ``merge=False`` a LoRA run's adapter is written as GGUF LoRAs (f16, f32, bf16, q8_0) beside its
+    base model in f16, for llama.cpp's ``--lora`` and Ollama's ADAPTER.
 
     ``dtype``: auto (the base model's), fp32, bf16 or fp16. A non-empty ``to`` is refused unless
     ``overwrite``. ``push_to_hub="user/repo"`` uploads the result afterwards (a private repo unless
@@ -211,7 +229,7 @@ def export(
         raise NbtrainError(f"export of run {r.id} failed: {res.get('error')}; see {log}")
     record = res["record"]
     out = ExportResult(target, record["kind"], record, list(res.get("files") or []), res.get("pushed"))
-    if record["kind"] == "gguf":
+    if record["kind"].startswith("gguf"):
         print(gguf_table(record.get("gguf") or {}), flush=True)
     if res.get("push_error"):
         raise NbtrainError(

@@ -64,13 +64,12 @@ def test_every_problem_is_reported_at_once_before_anything_starts(run_copy: Path
     assert not (tmp_path / "x").exists() and not (run_copy / "logs" / "export.log").exists()
 
 
-def test_a_gguf_export_with_unknown_types_or_without_a_merge_is_refused_before_it_starts(
-    run_copy: Path, tmp_path: Path
-) -> None:
+def test_a_gguf_export_to_unknown_types_is_refused_before_it_starts(run_copy: Path, tmp_path: Path) -> None:
     with pytest.raises(NbtrainError) as err:
         nbtrain.export(run_copy, to=tmp_path / "x", format="gguf", quant="f16,q9_z", merge=False)
     msg = str(err.value)
-    assert "quant q9_z: give some of f32, f16, bf16, q8_0" in msg and "leave merge on" in msg
+    assert "quant q9_z: give some of f32, f16, bf16, q8_0" in msg
+    assert "a GGUF LoRA is written as f16, f32, bf16, q8_0, not q9_z" in msg
     with pytest.raises(NbtrainError, match="format 'onnx' is not one of hf, gguf"):
         nbtrain.export(run_copy, to=tmp_path / "x", format="onnx")
     with pytest.raises(NbtrainError, match="quant is for format='gguf'"):

@@ -164,3 +164,21 @@ def test_an_export_killed_midway_leaves_no_gguf_that_looks_complete_and_the_next
     assert sorted(p.name for p in target.glob("*.gguf")) == ["adder-bf16.gguf", "adder-q5_k_m.gguf"]
     assert done.record["gguf"]["files"]["bf16"]["same_prompt_tokens"] == 32
     assert not list(tmp_path.glob(".killed.*")) and not list(cache.glob("*/.*partial-*"))
+
+
+def test_the_adapter_alone_exports_as_a_gguf_lora_that_llama_cpp_applies_on_the_base(
+    adder_run: dict[str, Any], tmp_path: Path
+) -> None:
+    import nbtrain
+
+    done = nbtrain.export(adder_run["run"], to=tmp_path / "lora", format="gguf", merge=False)
+    assert done.kind == "gguf-lora"
+    names = sorted(p.name for p in done.dir.glob("*.gguf"))
+    assert names == ["adder-base-f16.gguf", "adder-lora-f16.gguf"]
+    report = done.record["gguf"]
+    # the LoRA applied at run time by llama.cpp answers as the merged model does in transformers
+    assert report["files"]["f16"]["same_as_transformers"] == 32 and report["files"]["f16"]["accuracy"] >= 0.9
+    assert report["files"]["f16"]["bytes"] < report["base"]["bytes"] / 2
+    modelfile = (done.dir / "Modelfile").read_text()
+    assert modelfile.startswith("FROM ./adder-base-f16.gguf\nADAPTER ./adder-lora-f16.gguf\n")
+    assert "--lora adder-lora-f16.gguf" in (done.dir / "README.md").read_text()

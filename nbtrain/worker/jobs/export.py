@@ -142,9 +142,11 @@ def write_export(
             return merged_model(run_dir, cfg, weights, dtype).to(dtype)
 
         name = str(resolved.get("name") or resolved.get("id") or run_dir.name)
+        lora_base = Path(cfg["model"]) if adapter_only else None  # --no-merge: the adapter as a GGUF LoRA
         report = export_gguf(run_dir, target, quants or ["f16"], merged=merged, tok=tok, resolved=resolved,
-                             weights=weights, name=name, final=final or target, prompts=prompts)  # fmt: skip
-        kind = "gguf"
+                             weights=weights, name=name, final=final or target, prompts=prompts,
+                             lora_base=lora_base)  # fmt: skip
+        kind = "gguf-lora" if adapter_only else "gguf"
     elif adapter_only:
         # The adapter as trained; its adapter_config.json names the base model to load it onto.
         for name in ADAPTER_FILES:

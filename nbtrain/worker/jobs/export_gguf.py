@@ -59,12 +59,17 @@ def clear_partials(folder: Path) -> None:
                 p.unlink(missing_ok=True)
 
 
-def convert(hf_dir: Path, out: Path, outtype: str) -> None:
-    """llama.cpp's converter, hf_dir -> out (a float type), in a process of its own; out appears whole."""
+def convert(src: Path, out: Path, outtype: str, *, lora_base: Path | None = None) -> None:
+    """llama.cpp's converter, src -> out (a float type), in a process of its own; out appears whole.
+    With ``lora_base`` (the base model's folder), src is a peft LoRA adapter and out a GGUF LoRA."""
     tmp = _partial(out)
-    argv = [sys.executable, "-m", "nbtrain.worker.jobs.gguf_convert", str(cache.llama_cpp_dir()), "hf",
-            str(hf_dir), "--outfile", str(tmp), "--outtype", outtype]  # fmt: skip
-    print(f"nbtrain export: converting to GGUF ({outtype}) with llama.cpp's converter", flush=True)
+    kind = "hf" if lora_base is None else "lora"
+    argv = [sys.executable, "-m", "nbtrain.worker.jobs.gguf_convert", str(cache.llama_cpp_dir()), kind,
+            str(src), "--outfile", str(tmp), "--outtype", outtype]  # fmt: skip
+    if lora_base is not None:
+        argv += ["--base", str(lora_base)]
+    what = "the LoRA adapter" if lora_base else "the model"
+    print(f"nbtrain export: converting {what} to GGUF ({outtype}) with llama.cpp's converter", flush=True)
     code = subprocess.run(argv, stdout=sys.stdout, stderr=sys.stderr, check=False).returncode
     if code != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
@@ -142,13 +147,16 @@ def hf_answers(model: Any, tok: Any, prompts: list[list[int]], max_new_tokens: i
     return out
 
 
-def llama_answers(path: Path, prompts: list[tuple[str, list[int]]], max_new_tokens: int) -> dict[str, Any]:
+def llama_answers(
+    path: Path, prompts: list[tuple[str, list[int]]], max_new_tokens: int, lora: Path | None = None
+) -> dict[str, Any]:
     """llama.cpp's greedy answers from the prompts as text (it tokenises them itself), its tokens equal
-    to the tokenizer's, and its generation speed."""
+    to the tokenizer's, and its generation speed (``lora``: a GGUF LoRA applied on top of ``path``)."""
     from llama_cpp import Llama
 
     ctx = max((len(ids) for _, ids in prompts), default=0) + max_new_tokens + 8
-    llm = Llama(model_path=str(path), n_ctx=max(ctx, 64), n_threads=os.cpu_count() or 1, verbose=False)
+    llm = Llama(model_path=str(path), n_ctx=max(ctx, 64), n_threads=os.cpu_count() or 1, verbose=False,
+                **({"lora_path": str(lora)} if lora else {}))  # fmt: skip
     answers, same_tokens, generated, secs = [], 0, 0, 0.0
     try:
         for text, ids in prompts:
@@ -208,10 +216,12 @@ def chat_family(template: str | None) -> str | None:
     return next((name for name, (marker, _, _) in OLLAMA.items() if marker in template), None)
 
 
-def modelfile(gguf_name: str, template: str | None, system: str | None) -> tuple[str, str | None]:
-    """(the Modelfile, the family whose template it uses or None)."""
+def modelfile(
+    gguf_name: str, template: str | None, system: str | None, adapter: str | None = None
+) -> tuple[str, str | None]:
+    """(the Modelfile, the family whose template it uses or None); ``adapter``: a GGUF LoRA on FROM."""
     family = chat_family(template)
-    lines = [f"FROM ./{gguf_name}", ""]
+    lines = [f"FROM ./{gguf_name}"] + ([f"ADAPTER ./{adapter}"] if adapter else []) + [""]
     if family is None:
         lines += ["# The chat template is not one of the families this file translates (ChatML, Llama 3,",
                   "# Gemma, Phi-3, Mistral): Ollama reads the one stored in the GGUF file.", ""]  # fmt: skip
@@ -231,15 +241,24 @@ def data_system(rows: list[Row]) -> str | None:
     return one if isinstance(one, str) and one else None
 
 
-def readme(name: str, files: dict[str, int], ollama_name: str, family: str | None) -> str:
-    best = "q4_k_m" if "q4_k_m" in files else next(iter(files))
-    first = f"{name}-{best}.gguf"
-    rows = "\n".join(f"| `{name}-{q}.gguf` | {size / 2**20:,.1f} MiB |" for q, size in files.items())
+def readme(paths: dict[str, Path], ollama_name: str, family: str | None, base: Path | None = None) -> str:
+    first = paths["q4_k_m" if "q4_k_m" in paths else next(iter(paths))].name
+    listed = [*paths.values(), *([base] if base else [])]
+    rows = "\n".join(f"| `{p.name}` | {p.stat().st_size / 2**20:,.1f} MiB |" for p in listed)
     template = f"the {family} chat template" if family else "the chat template stored in the GGUF file"
-    return f"""# {name} (GGUF)
+    if base is None:
+        what = "the fine-tuned model merged into its base, converted by llama.cpp's converter and quantised"
+        model, py = f"-m {first}", f'Llama(model_path="{first}")'
+        server, uses = f"--model {first}", f"`{first}`"
+    else:
+        what = (
+            "the LoRA adapter as a GGUF LoRA, and its base model in f16, converted by llama.cpp's converter"
+        )
+        model, py = f"-m {base.name} --lora {first}", f'Llama(model_path="{base.name}", lora_path="{first}")'
+        server, uses = f"--model {base.name} --lora_path {first}", f"`{base.name}` with the adapter `{first}`"
+    return f"""# {ollama_name} (GGUF)
 
-Exported by nbtrain: the fine-tuned model merged into its base, converted by llama.cpp's converter and
-quantised by llama.cpp. `gguf_report.json` holds what was checked by running each file.
+Exported by nbtrain: {what} by llama.cpp. `gguf_report.json` holds what was checked by running each file.
 
 | file | size |
 |---|---|
@@ -247,23 +266,22 @@ quantised by llama.cpp. `gguf_report.json` holds what was checked by running eac
 
 ## llama.cpp
 
-    llama-cli -m {first} -cnv
-    llama-server -m {first} --port 8080        # OpenAI-compatible: http://localhost:8080/v1
+    llama-cli {model} -cnv
+    llama-server {model} --port 8080        # OpenAI-compatible: http://localhost:8080/v1
 
-In Python: `pip install llama-cpp-python`, then `Llama(model_path="{first}")`, or
-`python -m llama_cpp.server --model {first}`.
+In Python: `pip install llama-cpp-python`, then `{py}`, or `python -m llama_cpp.server {server}`.
 
 ## Ollama
 
     ollama create {ollama_name} -f Modelfile
     ollama run {ollama_name}
 
-The Modelfile uses `{first}` and {template}; edit its FROM line for another file.
+The Modelfile uses {uses} and {template}; edit its FROM line for another file.
 
 ## LM Studio
 
-Copy the folder into LM Studio's models folder (My Models shows the path), or run
-`lms import {first}`; LM Studio reads the chat template from the file.
+Copy the folder into LM Studio's models folder (My Models shows the path), or run `lms import {first}`;
+LM Studio reads the chat template from the file.
 """
 
 
@@ -290,10 +308,18 @@ def export_gguf(
     name: str,
     final: Path,
     prompts: list[str] | None = None,
+    lora_base: Path | None = None,
 ) -> dict[str, Any]:
     """The GGUF files, the Modelfile, the README and the report in ``target`` (an empty folder);
     ``merged()`` gives the merged model (loaded only when a file must be converted or the answers
-    compared); ``final``: where ``target`` is renamed to at the end. Returns the report."""
+    compared); ``final``: where ``target`` is renamed to at the end. With ``lora_base`` (the base model's
+    folder) the files are the run's LoRA adapter as GGUF LoRAs, one a type, and the base model in f16
+    for llama.cpp's ``--lora`` / Ollama's ADAPTER. Returns the report."""
+    if lora_base is not None:
+        return _export_lora(
+            run_dir, target, quants, merged=merged, tok=tok, resolved=resolved, weights=weights, name=name,
+            final=final, prompts=prompts, base=lora_base,
+        )  # fmt: skip
     work = conversion_cache(run_dir, weights)
     work.mkdir(parents=True, exist_ok=True)
     clear_partials(work)
@@ -323,15 +349,36 @@ def export_gguf(
     files: dict[str, int] = {}
     for q in quants:
         dest = target / f"{name}-{q}.gguf"
-        try:
-            os.link(made[q], dest)
-        except OSError:
-            shutil.copy2(made[q], dest)
+        _link(made[q], dest)
         files[q] = dest.stat().st_size
 
+    paths = {q: target / f"{name}-{q}.gguf" for q in quants}
+    return _check_and_describe(
+        target, final, paths, files, reused, merged, model, tok, resolved, name, prompts
+    )
+
+
+def _check_and_describe(
+    target: Path,
+    final: Path,
+    paths: dict[str, Path],
+    files: dict[str, int],
+    reused: list[str],
+    merged: Any,
+    model: Any,
+    tok: Any,
+    resolved: dict[str, Any],
+    name: str,
+    prompts: list[str] | None,
+    base: Path | None = None,
+) -> dict[str, Any]:
+    """Each file run in llama.cpp against the merged model; the Modelfile, README and report written."""
+    quants = list(paths)
     rows, source = held_out(resolved, tok, prompts)
     report: dict[str, Any] = {"files": {q: {"bytes": b} for q, b in files.items()}, "prompts": len(rows),
                               "prompts_from": source, "reused": reused}  # fmt: skip
+    if base is not None:
+        report["base"] = {"file": base.name, "bytes": base.stat().st_size}
     if rows:
         rendered = [prompt(tok, m) for m, _ in rows]
         wanted = [a for _, a in rows]
@@ -342,7 +389,10 @@ def export_gguf(
         reference = hf_answers(model, tok, [ids for _, ids in rendered], new_tokens)
         report["transformers"] = {"accuracy": _accuracy(reference, wanted)}
         for q in quants:
-            got = llama_answers(target / f"{name}-{q}.gguf", rendered, new_tokens)
+            if base is None:
+                got = llama_answers(paths[q], rendered, new_tokens)
+            else:
+                got = llama_answers(base, rendered, new_tokens, lora=paths[q])
             same = sum(a.strip() == b.strip() for a, b in zip(got["answers"], reference, strict=True))
             report["files"][q].update(
                 same_as_transformers=same,
@@ -355,10 +405,14 @@ def export_gguf(
             print(f"nbtrain export: {q}: {same}/{len(rows)} answers as transformers', "
                   f"{got['tokens_per_s']:.0f} tokens/s", flush=True)  # fmt: skip
     pick = "q4_k_m" if "q4_k_m" in files else quants[0]
-    text, family = modelfile(f"{name}-{pick}.gguf", getattr(tok, "chat_template", None), data_system(rows))
+    template, system = getattr(tok, "chat_template", None), data_system(rows)
+    if base is None:
+        text, family = modelfile(paths[pick].name, template, system)
+    else:
+        text, family = modelfile(base.name, template, system, adapter=paths[pick].name)
     (target / "Modelfile").write_text(text, encoding="utf-8")
     oname = ollama_name(name)
-    (target / "README.md").write_text(readme(name, files, oname, family), encoding="utf-8")
+    (target / "README.md").write_text(readme(paths, oname, family, base), encoding="utf-8")
     report.update(ollama={"family": family, "create": f"ollama create {oname} -f {final / 'Modelfile'}"})
     atomic_write_json(target / REPORT, report)
     return report
@@ -368,3 +422,56 @@ def _accuracy(answers: list[str], wanted: list[str | None]) -> float | None:
     """The share of answers equal to the data's (None: no answers to score against)."""
     scored = [(a, w) for a, w in zip(answers, wanted, strict=True) if w is not None]
     return sum(a.strip() == w.strip() for a, w in scored) / len(scored) if scored else None
+
+
+def _export_lora(
+    run_dir: Path,
+    target: Path,
+    quants: list[str],
+    *,
+    merged: Any,
+    tok: Any,
+    resolved: dict[str, Any],
+    weights: Path,
+    name: str,
+    final: Path,
+    prompts: list[str] | None,
+    base: Path,
+) -> dict[str, Any]:
+    """The adapter as GGUF LoRAs (one a type) and the base model in f16, kept and linked like the merged
+    files; checked with llama.cpp applying the LoRA on the base."""
+    work = conversion_cache(run_dir, weights)
+    work.mkdir(parents=True, exist_ok=True)
+    clear_partials(work)
+    reused: list[str] = []
+    base_file = work / "base-f16.gguf"
+    if base_file.is_file():
+        reused.append("base-f16")
+    else:
+        convert(base, base_file, "f16")
+    made: dict[str, Path] = {}
+    for q in quants:
+        path = work / f"lora-{q}.gguf"
+        if path.is_file():
+            reused.append(f"lora-{q}")
+        else:
+            convert(weights, path, q, lora_base=base)
+        made[q] = path
+    if reused:
+        print(f"nbtrain export: reusing the conversion of these weights: {', '.join(reused)}", flush=True)
+    paths = {q: target / f"{name}-lora-{q}.gguf" for q in quants}
+    for q in quants:
+        _link(made[q], paths[q])
+    base_out = target / f"{ollama_name(name)}-base-f16.gguf"
+    _link(base_file, base_out)
+    files = {q: p.stat().st_size for q, p in paths.items()}
+    return _check_and_describe(
+        target, final, paths, files, reused, merged, None, tok, resolved, name, prompts, base=base_out
+    )
+
+
+def _link(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)
