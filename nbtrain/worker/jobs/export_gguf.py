@@ -156,7 +156,7 @@ def llama_answers(
 
     ctx = max((len(ids) for _, ids in prompts), default=0) + max_new_tokens + 8
     llm = Llama(model_path=str(path), n_ctx=max(ctx, 64), n_threads=os.cpu_count() or 1, verbose=False,
-                **({"lora_path": str(lora)} if lora else {}))  # fmt: skip
+                lora_path=str(lora) if lora else None)  # fmt: skip
     answers, same_tokens, generated, secs = [], 0, 0, 0.0
     try:
         for text, ids in prompts:
