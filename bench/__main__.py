@@ -160,10 +160,20 @@ def _msswift(d: dict[str, Any]) -> list[tuple[str, str, str]]:
             (f"training, nbtrain / ms-swift `swift sft` (tiny, {steps})", speed, "")]  # fmt: skip
 
 
+def _gguf(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    e, f, g = d["export"], d["files"], d["tokens_per_s_vs_nbtrain_server"]
+    sizes = ", ".join(f"{q} {v['bytes'] / 2**20:.0f} MiB" for q, v in f.items())
+    export = (f"{e['first']['seconds']:.0f} s (merge, convert once, quantise, check each on 8 prompts), "
+              f"{e['again']['seconds']:.0f} s again (conversion reused); {sizes}")  # fmt: skip
+    speed = ", ".join(f"{k} {d['generation'][k]['tokens_per_s']:.0f} tok/s ({_x(v)})" for k, v in g.items())
+    what = "generation, llama.cpp vs nbtrain's server (SmolLM2, 8 prompts x 64 tokens)"
+    return [("GGUF export, SmolLM2-135M (f16, q8_0, q4_k_m)", export, ""), (what, speed, "")]
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str]]]] = {
     "overhead": _overhead, "llamafactory": _llamafactory, "latency": _latency, "estimator": _estimator,
     "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu, "gpu_run1": _gpu,
-    "warm_jobs": _warm_jobs, "msswift": _msswift,
+    "warm_jobs": _warm_jobs, "msswift": _msswift, "gguf": _gguf,
 }  # fmt: skip
 
 
