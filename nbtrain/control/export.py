@@ -224,7 +224,8 @@ def export(
     result_file = r.paths.logs / "export.result.json"
     args += ["--result", str(result_file)]
     code, res = run_job("nbtrain.worker.jobs.export", args, log=log, result=result_file, cwd=r.dir,
-                        what=f"export of run {r.id}", timeout=timeout)  # fmt: skip
+                        what=f"export of run {r.id}", timeout=timeout,
+                        progress="nbtrain export:" if format == "gguf" else None)  # fmt: skip
     if not res.get("ok"):
         raise NbtrainError(f"export of run {r.id} failed: {res.get('error')}; see {log}")
     record = res["record"]

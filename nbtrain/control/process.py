@@ -202,23 +202,56 @@ def run_to_end(
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
     grace: float = 10.0,
+    progress: str | None = None,
 ) -> int:
     """Start ``argv`` as start_process does, with job_env (as the warm process has it), and wait for it;
-    returns its exit code.
+    returns its exit code. ``progress``: the lines its log gains that start with this are printed as
+    they come (what a long job says it is doing).
 
     After ``timeout`` seconds its process group is stopped (SIGTERM, ``grace`` s, SIGKILL) and
     subprocess.TimeoutExpired is raised. Anything else that ends the wait (KeyboardInterrupt from the
     notebook's stop button) stops the group too before it goes on: nothing keeps running behind the
     user's back.
     """
+    offset = log.stat().st_size if log.exists() else 0
     started = start_process(argv, log=log, cwd=cwd, env={**job_env(), **(env or {})})
     if isinstance(started, LaunchFailed):
         raise NbtrainError(started.reason)
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        return started.wait(timeout)
+        while True:
+            step = 0.5 if progress else None
+            if deadline is not None:
+                step = max(0.0, min(step or timeout or 0.0, deadline - time.monotonic()))
+            try:
+                code = started.wait(step)
+            except subprocess.TimeoutExpired:
+                if progress:
+                    offset = _print_progress(log, offset, progress)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                continue
+            if progress:
+                _print_progress(log, offset, progress)
+            return code
     except BaseException:
         started.stop(grace)
         raise
+
+
+def _print_progress(log: Path, offset: int, prefix: str) -> int:
+    """Print the whole lines ``log`` gained after ``offset`` that start with ``prefix``; the new offset."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            chunk = f.read(1 << 20)
+    except OSError:
+        return offset
+    end = chunk.rfind(b"\n") + 1
+    for line in chunk[:end].decode("utf-8", "replace").splitlines():
+        if line.startswith(prefix):
+            print(line, flush=True)
+    return offset + end
 
 
 def run_job(
@@ -231,6 +264,7 @@ def run_job(
     what: str,
     timeout: float | None = None,
     env: dict[str, str] | None = None,
+    progress: str | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Run ``python -m module *args`` to the end; returns (exit code, the JSON it wrote to ``result``).
 
@@ -244,7 +278,7 @@ def run_job(
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
     # No GPU is hidden from the job (unlike a training worker's plan): it uses what the machine has.
     try:
-        code = run_to_end(argv, log=log, cwd=cwd, env=env, timeout=timeout)
+        code = run_to_end(argv, log=log, cwd=cwd, env=env, timeout=timeout, progress=progress)
     except subprocess.TimeoutExpired:
         raise NbtrainError(f"{what} did not finish in {timeout:.0f} s and was stopped; see {log}") from None
     try:

@@ -96,7 +96,13 @@ def test_each_quant_answers_the_held_out_sums_in_llama_cpp_as_the_merged_model_d
     assert files["q4_k_m"]["bytes"] < files["q8_0"]["bytes"] < files["f16"]["bytes"]
     for q in QUANTS:
         assert (out / f"adder-{q}.gguf").stat().st_size == files[q]["bytes"]
-    # what the cell shows: the table and the Ollama command
+    # what the cell shows: the job's progress as it goes, the table and the Ollama command
+    said = adder_run["stdout"]
+    assert (
+        said.index("nbtrain export: converting the model to GGUF (f16)")
+        < said.index("nbtrain export: quantising to q4_k_m")
+        < said.index("checked on 32 prompts")
+    )
     assert "answers as transformers' 32/32" in adder_run["stdout"]
     assert f"Ollama: ollama create adder -f {out / 'Modelfile'}" in adder_run["stdout"]
     assert "LEAKED []" in adder_run["stdout"]  # the kernel imported no torch, transformers or llama_cpp
