@@ -188,3 +188,30 @@ def test_the_adapter_alone_exports_as_a_gguf_lora_that_llama_cpp_applies_on_the_
     modelfile = (done.dir / "Modelfile").read_text()
     assert modelfile.startswith("FROM ./adder-base-f16.gguf\nADAPTER ./adder-lora-f16.gguf\n")
     assert "--lora adder-lora-f16.gguf" in (done.dir / "README.md").read_text()
+
+
+def test_an_export_that_runs_out_of_space_fails_saying_so_and_leaves_nothing_that_looks_complete(
+    adder_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """A full disk, as a write sees it: the export job may write files of at most 300 kB (RLIMIT_FSIZE,
+    SIGXFSZ ignored: writes past it fail with EFBIG, as they would with ENOSPC), and q6_k is quantised
+    from the kept f16 file (1 MB), so the failure comes while llama.cpp writes the new file."""
+    import resource
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    run = adder_run["run"]
+    target = tmp_path / "full"
+    result = tmp_path / "result.json"
+    argv = [sys.executable, "-m", "nbtrain.worker.jobs.export", str(run.dir), "--to", str(target),
+            "--format", "gguf", "--quant", "q6_k", "--result", str(result)]  # fmt: skip
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, preexec_fn=small_files, timeout=300, check=False
+    )
+    assert proc.returncode == 1
+    assert "could not quantise" in json.loads(result.read_text())["error"]
+    cache = run.dir / "gguf"
+    assert not list(cache.glob("*/model-q6_k.gguf")) and not list(cache.glob("*/.*q6_k*"))
+    assert not target.exists() and not list(tmp_path.glob(".full.*"))

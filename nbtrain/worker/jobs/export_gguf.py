@@ -89,7 +89,11 @@ def quantize(src: Path, out: Path, quant: str) -> None:
     code = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
     if code != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"llama.cpp could not quantise {src.name} to {quant} (code {code})")
+        free = shutil.disk_usage(out.parent).free / 2**30
+        raise RuntimeError(
+            f"llama.cpp could not quantise {src.name} to {quant} (code {code}; its reason is in the log "
+            f"above: a full disk is one, {free:.1f} GiB free in {out.parent})"
+        )
     os.replace(tmp, out)
 
 
