@@ -133,7 +133,7 @@ def write_export(
     dtype: Any = None
     report = None
     if fmt == "gguf":
-        from nbtrain.worker.jobs.export_gguf import export_gguf
+        from nbtrain.worker.jobs.export_gguf import GGUFExport, export_gguf
 
         dtype = export_dtype(cfg, dtype_name)
 
@@ -143,9 +143,8 @@ def write_export(
 
         name = str(resolved.get("name") or resolved.get("id") or run_dir.name)
         lora_base = Path(cfg["model"]) if adapter_only else None  # --no-merge: the adapter as a GGUF LoRA
-        report = export_gguf(run_dir, target, quants or ["f16"], merged=merged, tok=tok, resolved=resolved,
-                             weights=weights, name=name, final=final or target, prompts=prompts,
-                             lora_base=lora_base)  # fmt: skip
+        job = GGUFExport(run_dir, target, final or target, merged, tok, resolved, weights, name, prompts)
+        report = export_gguf(job, quants or ["f16"], lora_base)
         kind = "gguf-lora" if adapter_only else "gguf"
     elif adapter_only:
         # The adapter as trained; its adapter_config.json names the base model to load it onto.

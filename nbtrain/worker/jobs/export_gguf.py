@@ -25,6 +25,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -300,85 +302,77 @@ def plan_files(quants: list[str]) -> tuple[str, list[str]]:
     return base, [base] + [q for q in quants if q != base]
 
 
-def export_gguf(
-    run_dir: Path,
-    target: Path,
-    quants: list[str],
-    *,
-    merged: Any,
-    tok: Any,
-    resolved: dict[str, Any],
-    weights: Path,
-    name: str,
-    final: Path,
-    prompts: list[str] | None = None,
-    lora_base: Path | None = None,
-) -> dict[str, Any]:
-    """The GGUF files, the Modelfile, the README and the report in ``target`` (an empty folder);
-    ``merged()`` gives the merged model (loaded only when a file must be converted or the answers
-    compared); ``final``: where ``target`` is renamed to at the end. With ``lora_base`` (the base model's
-    folder) the files are the run's LoRA adapter as GGUF LoRAs, one a type, and the base model in f16
-    for llama.cpp's ``--lora`` / Ollama's ADAPTER. Returns the report."""
+@dataclass
+class GGUFExport:
+    """One GGUF export: the run, its weights and tokenizer, where the files go (``target``, an empty
+    folder renamed to ``final`` at the end), ``merged()`` (the merged model, loaded only when a file
+    must be converted or answers compared) and the prompts to check on (None: the run's rows)."""
+
+    run_dir: Path
+    target: Path
+    final: Path
+    merged: Callable[[], Any]
+    tok: Any
+    resolved: dict[str, Any]
+    weights: Path
+    name: str
+    prompts: list[str] | None = None
+    model: Any = None
+
+    def merged_model(self) -> Any:
+        if self.model is None:
+            self.model = self.merged()
+        return self.model
+
+    def work(self) -> Path:
+        """The conversion cache of these weights, emptied of what killed exports left."""
+        work = conversion_cache(self.run_dir, self.weights)
+        work.mkdir(parents=True, exist_ok=True)
+        clear_partials(work)
+        return work
+
+
+def export_gguf(job: GGUFExport, quants: list[str], lora_base: Path | None = None) -> dict[str, Any]:
+    """The GGUF files, the Modelfile, the README and the report in ``job.target``. With ``lora_base``
+    (the base model's folder) the files are the run's LoRA adapter as GGUF LoRAs, one a type, and the
+    base model in f16 for llama.cpp's ``--lora`` / Ollama's ADAPTER. Returns the report."""
     if lora_base is not None:
-        return _export_lora(
-            run_dir, target, quants, merged=merged, tok=tok, resolved=resolved, weights=weights, name=name,
-            final=final, prompts=prompts, base=lora_base,
-        )  # fmt: skip
-    work = conversion_cache(run_dir, weights)
-    work.mkdir(parents=True, exist_ok=True)
-    clear_partials(work)
+        return _export_lora(job, quants, lora_base)
+    work = job.work()
     base, order = plan_files(quants)
     made: dict[str, Path] = {}
     reused: list[str] = []
-    model = None
     for q in order:
         path = work / f"model-{q}.gguf"
         if path.is_file():
             reused.append(q)
         elif q in cache.GGUF_FLOATS:
-            model = model or merged()
             hf = work / f".hf.partial-{os.getpid()}"
             shutil.rmtree(hf, ignore_errors=True)
             try:
-                model.save_pretrained(str(hf))
-                tok.save_pretrained(str(hf))
+                job.merged_model().save_pretrained(str(hf))
+                job.tok.save_pretrained(str(hf))
                 convert(hf, path, q)
             finally:
                 shutil.rmtree(hf, ignore_errors=True)
         else:
             quantize(made.get(base) or work / f"model-{base}.gguf", path, q)
         made[q] = path
-    if reused:
-        print(f"nbtrain export: reusing the conversion of these weights: {', '.join(reused)}", flush=True)
-    files: dict[str, int] = {}
+    paths = {q: job.target / f"{job.name}-{q}.gguf" for q in quants}
     for q in quants:
-        dest = target / f"{name}-{q}.gguf"
-        _link(made[q], dest)
-        files[q] = dest.stat().st_size
-
-    paths = {q: target / f"{name}-{q}.gguf" for q in quants}
-    return _check_and_describe(
-        target, final, paths, files, reused, merged, model, tok, resolved, name, prompts
-    )
+        _link(made[q], paths[q])
+    return _check_and_describe(job, paths, reused)
 
 
 def _check_and_describe(
-    target: Path,
-    final: Path,
-    paths: dict[str, Path],
-    files: dict[str, int],
-    reused: list[str],
-    merged: Any,
-    model: Any,
-    tok: Any,
-    resolved: dict[str, Any],
-    name: str,
-    prompts: list[str] | None,
-    base: Path | None = None,
+    job: GGUFExport, paths: dict[str, Path], reused: list[str], base: Path | None = None
 ) -> dict[str, Any]:
     """Each file run in llama.cpp against the merged model; the Modelfile, README and report written."""
-    quants = list(paths)
-    rows, source = held_out(resolved, tok, prompts)
+    if reused:
+        print(f"nbtrain export: reusing the conversion of these weights: {', '.join(reused)}", flush=True)
+    quants, tok, target = list(paths), job.tok, job.target
+    files = {q: p.stat().st_size for q, p in paths.items()}
+    rows, source = held_out(job.resolved, tok, job.prompts)
     report: dict[str, Any] = {"files": {q: {"bytes": b} for q, b in files.items()}, "prompts": len(rows),
                               "prompts_from": source, "reused": reused}  # fmt: skip
     if base is not None:
@@ -388,7 +382,7 @@ def _check_and_describe(
         wanted = [a for _, a in rows]
         longest = max((len(tok(a, add_special_tokens=False)["input_ids"]) for a in wanted if a), default=40)
         new_tokens = min(64, longest + 8)
-        model = model or merged()
+        model = job.merged_model()
         print(f"nbtrain export: checking each file on {len(rows)} prompts ({source})", flush=True)
         reference = hf_answers(model, tok, [ids for _, ids in rendered], new_tokens)
         report["transformers"] = {"accuracy": _accuracy(reference, wanted)}
@@ -415,9 +409,9 @@ def _check_and_describe(
     else:
         text, family = modelfile(base.name, template, system, adapter=paths[pick].name)
     (target / "Modelfile").write_text(text, encoding="utf-8")
-    oname = ollama_name(name)
+    oname = ollama_name(job.name)
     (target / "README.md").write_text(readme(paths, oname, family, base), encoding="utf-8")
-    report.update(ollama={"family": family, "create": f"ollama create {oname} -f {final / 'Modelfile'}"})
+    report.update(ollama={"family": family, "create": f"ollama create {oname} -f {job.final / 'Modelfile'}"})
     atomic_write_json(target / REPORT, report)
     return report
 
@@ -428,50 +422,27 @@ def _accuracy(answers: list[str], wanted: list[str | None]) -> float | None:
     return sum(a.strip() == w.strip() for a, w in scored) / len(scored) if scored else None
 
 
-def _export_lora(
-    run_dir: Path,
-    target: Path,
-    quants: list[str],
-    *,
-    merged: Any,
-    tok: Any,
-    resolved: dict[str, Any],
-    weights: Path,
-    name: str,
-    final: Path,
-    prompts: list[str] | None,
-    base: Path,
-) -> dict[str, Any]:
+def _export_lora(job: GGUFExport, quants: list[str], base: Path) -> dict[str, Any]:
     """The adapter as GGUF LoRAs (one a type) and the base model in f16, kept and linked like the merged
     files; checked with llama.cpp applying the LoRA on the base."""
-    work = conversion_cache(run_dir, weights)
-    work.mkdir(parents=True, exist_ok=True)
-    clear_partials(work)
+    work = job.work()
     reused: list[str] = []
     base_file = work / "base-f16.gguf"
     if base_file.is_file():
         reused.append("base-f16")
     else:
         convert(base, base_file, "f16")
-    made: dict[str, Path] = {}
+    paths = {q: job.target / f"{job.name}-lora-{q}.gguf" for q in quants}
     for q in quants:
         path = work / f"lora-{q}.gguf"
         if path.is_file():
             reused.append(f"lora-{q}")
         else:
-            convert(weights, path, q, lora_base=base)
-        made[q] = path
-    if reused:
-        print(f"nbtrain export: reusing the conversion of these weights: {', '.join(reused)}", flush=True)
-    paths = {q: target / f"{name}-lora-{q}.gguf" for q in quants}
-    for q in quants:
-        _link(made[q], paths[q])
-    base_out = target / f"{ollama_name(name)}-base-f16.gguf"
+            convert(job.weights, path, q, lora_base=base)
+        _link(path, paths[q])
+    base_out = job.target / f"{ollama_name(job.name)}-base-f16.gguf"
     _link(base_file, base_out)
-    files = {q: p.stat().st_size for q, p in paths.items()}
-    return _check_and_describe(
-        target, final, paths, files, reused, merged, None, tok, resolved, name, prompts, base=base_out
-    )
+    return _check_and_describe(job, paths, reused, base=base_out)
 
 
 def _link(src: Path, dest: Path) -> None:
