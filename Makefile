@@ -39,10 +39,11 @@ pytest: install labext chromium
 
 # llama.cpp for GGUF export (nbtrain.control.llamacpp): pip builds llama-cpp-python from its sdist once per
 # machine (~4.5 min on 2 cores; then seconds) and its converter is kept in nbtrain's cache. `make test`
-# starts it in the background first; the GGUF tests wait for it (its log: the cache's llama.cpp/setup.log).
+# starts it in the background first, at the lowest CPU priority (the timed browser tests run meanwhile);
+# the GGUF tests wait for it (its log: the cache's llama.cpp/setup.log).
 llamacpp: install
 	@echo "llama.cpp setup started in the background (GGUF export; the tests that need it wait for it)"
-	@setsid nohup $(PY) -m nbtrain.control.llamacpp setup > $(VENV)/llamacpp-setup.out 2>&1 &
+	@setsid nohup nice -n 19 $(PY) -m nbtrain.control.llamacpp setup > $(VENV)/llamacpp-setup.out 2>&1 &
 
 # chromium first: on a machine where it cannot be installed, stop before minutes of setup, not after.
 test: chromium llamacpp lint typecheck pytest

@@ -102,9 +102,11 @@ def test_dashboard_mid_run_and_completed(
 
         # Saved now, mid-run, and opened where the run's kernel is not (a fresh kernel, without its widget
         # models): the snapshot shows, not "Error displaying widget: model not found".
-        page.keyboard.press("Control+s")
+        # (this save's file, not an earlier autosave of the starting frame: JupyterLab autosaves every 2 min)
         saved, deadline = workdir / "shots.ipynb", time.monotonic() + 30
-        while "application/vnd.plotly.v1+json" not in saved.read_text():
+        before = saved.stat().st_mtime_ns
+        page.keyboard.press("Control+s")
+        while saved.stat().st_mtime_ns == before or "application/vnd.plotly.v1+json" not in saved.read_text():
             assert time.monotonic() < deadline, "the notebook was not saved"
             time.sleep(0.2)
         shutil.copyfile(saved, workdir / "reopened.ipynb")
