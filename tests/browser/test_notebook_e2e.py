@@ -49,10 +49,31 @@ def _post(url: str, token: str, path: str) -> None:
         assert r.status < 300
 
 
-def _kernel_idle(url: str, token: str, timeout: float = 90.0) -> None:
+def _nudge(runtime: Path, kernel_id: str) -> bool:
+    """Ask the kernel for its info over its own connection file: its busy/idle status messages then reach
+    the server's activity record too. Whether it answered."""
+    from jupyter_client import BlockingKernelClient
+
+    kc = BlockingKernelClient(connection_file=str(runtime / f"kernel-{kernel_id}.json"))
+    try:
+        kc.load_connection_file()
+        kc.start_channels()
+        kc.kernel_info(reply=True, timeout=10)
+        return True
+    except Exception:  # not answering is what the caller goes on to report
+        return False
+    finally:
+        kc.stop_channels()
+
+
+def _kernel_idle(url: str, token: str, timeout: float = 90.0, runtime: Path | None = None) -> None:
     """Wait for the notebook's kernel to exist and be idle (the toolbar's indicator shows "idle" before a
-    kernel exists, STACK-NOTES)."""
+    kernel exists, STACK-NOTES). ``runtime`` (the lab's JUPYTER_RUNTIME_DIR): after a REST restart on a
+    loaded machine the server has been seen to keep the new kernel "busy" with no activity for 90 s (it
+    missed the kernel's first idle status); a kernel that stays so for 20 s is asked for its info once,
+    which it answers with fresh statuses."""
     deadline = time.monotonic() + timeout
+    nudge_at = time.monotonic() + 20 if runtime is not None else None
     kernels: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         try:
@@ -62,6 +83,10 @@ def _kernel_idle(url: str, token: str, timeout: float = 90.0) -> None:
                 k["execution_state"] == "idle" and k.get("connections", 0) > 0 for k in kernels
             ):
                 return
+            if nudge_at is not None and runtime is not None and time.monotonic() > nudge_at and kernels:
+                nudge_at = None
+                answered = [_nudge(runtime, k["id"]) for k in kernels if k["execution_state"] == "busy"]
+                print(f"kernels still busy after 20 s; asked for their info: answered {answered}")
         except OSError:
             pass  # the server answers 500 while the kernel is starting
         time.sleep(0.5)
@@ -78,7 +103,7 @@ def stop_runs_after(workdir: Path) -> Iterator[None]:
 
 
 def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
-    lab: tuple[str, str], workdir: Path, shots: Path, stop_runs_after: None
+    lab: tuple[str, str], workdir: Path, shots: Path, stop_runs_after: None, tmp_path: Path
 ) -> None:
     from playwright.sync_api import expect
 
@@ -130,7 +155,7 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         # restart in the middle of that leaves JupyterLab's kernel connection "Starting" (seen 2 of 3 times).
         _kernel_idle(url, token)
         _post(url, token, f"api/kernels/{kernel_id}/restart")
-        _kernel_idle(url, token)
+        _kernel_idle(url, token, runtime=tmp_path / "jupyter_runtime")
         # Shift+Enter on the last cell left an empty cell, the active one: the attach cell takes its place.
         cells_before = cells.count()
         assert cells.nth(cells_before - 1).locator(".cm-content").inner_text().strip() == ""
