@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,10 @@ def gguf_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _print(text: str) -> None:
+    print(text, flush=True)
+
+
 def has_trained_weights(run: Run) -> bool:
     out = run.paths.output
     return (
@@ -96,7 +101,7 @@ def gguf_problems(run: Run, quants: list[str], merge: bool) -> list[str]:
     unknown = [q for q in quants if q not in GGUF_QUANTS]
     if unknown or not quants:
         problems.append(f"quant {', '.join(unknown) or '(none)'}: give some of {', '.join(GGUF_QUANTS)}")
-    method = _run_method(run)
+    method = run_method(run)
     if not merge and method != "lora":
         problems.append(
             f"--no-merge (the adapter as a GGUF LoRA) is for LoRA runs; this is a {method} run: leave "
@@ -131,7 +136,7 @@ def family_problem(config: dict[str, Any], convertible: set[str]) -> str | None:
     return None
 
 
-def _run_method(run: Run) -> str:
+def run_method(run: Run) -> str:
     from nbtrain.contract.rundir import read_json
 
     try:
@@ -168,6 +173,7 @@ def export(
     format: str = "hf",
     quant: str | list[str] | None = None,
     prompts: list[str] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> ExportResult:
     """Write the run's model to ``to``: merged into the base (default; QLoRA into the de-quantised base)
     so ``AutoModelForCausalLM.from_pretrained(to)`` works, or its adapter only (``merge=False``).
@@ -183,6 +189,9 @@ def export(
     ``dtype``: auto (the base model's), fp32, bf16 or fp16. A non-empty ``to`` is refused unless
     ``overwrite``. ``push_to_hub="user/repo"`` uploads the result afterwards (a private repo unless
     ``private=False``); if that fails, the local export is kept and the error says so.
+
+    ``on_progress``: what the job says it is doing (GGUF: converting, quantising, checking), one line at a
+    time, and the report at the end; printed when not given.
     """
     r = get_run(run)
     problems = []
@@ -225,13 +234,14 @@ def export(
     args += ["--result", str(result_file)]
     code, res = run_job("nbtrain.worker.jobs.export", args, log=log, result=result_file, cwd=r.dir,
                         what=f"export of run {r.id}", timeout=timeout,
-                        progress="nbtrain export:" if format == "gguf" else None)  # fmt: skip
+                        progress="nbtrain export:" if format == "gguf" else None,
+                        say=on_progress)  # fmt: skip
     if not res.get("ok"):
         raise NbtrainError(f"export of run {r.id} failed: {res.get('error')}; see {log}")
     record = res["record"]
     out = ExportResult(target, record["kind"], record, list(res.get("files") or []), res.get("pushed"))
     if record["kind"].startswith("gguf"):
-        print(gguf_table(record.get("gguf") or {}), flush=True)
+        (on_progress or _print)(gguf_table(record.get("gguf") or {}))
     if res.get("push_error"):
         raise NbtrainError(
             f"exported to {target}, but pushing it to the hub repo {push_to_hub!r} failed: "

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,10 +203,11 @@ def run_to_end(
     timeout: float | None = None,
     grace: float = 10.0,
     progress: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> int:
     """Start ``argv`` as start_process does, with job_env (as the warm process has it), and wait for it;
     returns its exit code. ``progress``: the lines its log gains that start with this are printed as
-    they come (what a long job says it is doing).
+    they come (what a long job says it is doing), or handed to ``say`` (a widget's status line).
 
     After ``timeout`` seconds its process group is stopped (SIGTERM, ``grace`` s, SIGKILL) and
     subprocess.TimeoutExpired is raised. Anything else that ends the wait (KeyboardInterrupt from the
@@ -227,20 +228,21 @@ def run_to_end(
                 code = started.wait(step)
             except subprocess.TimeoutExpired:
                 if progress:
-                    offset = _print_progress(log, offset, progress)
+                    offset = _print_progress(log, offset, progress, say)
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
                 continue
             if progress:
-                _print_progress(log, offset, progress)
+                _print_progress(log, offset, progress, say)
             return code
     except BaseException:
         started.stop(grace)
         raise
 
 
-def _print_progress(log: Path, offset: int, prefix: str) -> int:
-    """Print the whole lines ``log`` gained after ``offset`` that start with ``prefix``; the new offset."""
+def _print_progress(log: Path, offset: int, prefix: str, say: Callable[[str], None] | None) -> int:
+    """Print (or ``say``) the whole lines ``log`` gained after ``offset`` that start with ``prefix``; the
+    new offset."""
     try:
         with open(log, "rb") as f:
             f.seek(offset)
@@ -250,7 +252,10 @@ def _print_progress(log: Path, offset: int, prefix: str) -> int:
     end = chunk.rfind(b"\n") + 1
     for line in chunk[:end].decode("utf-8", "replace").splitlines():
         if line.startswith(prefix):
-            print(line, flush=True)
+            if say is None:
+                print(line, flush=True)
+            else:
+                say(line)
     return offset + end
 
 
@@ -265,6 +270,7 @@ def run_job(
     timeout: float | None = None,
     env: dict[str, str] | None = None,
     progress: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Run ``python -m module *args`` to the end; returns (exit code, the JSON it wrote to ``result``).
 
@@ -278,7 +284,7 @@ def run_job(
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
     # No GPU is hidden from the job (unlike a training worker's plan): it uses what the machine has.
     try:
-        code = run_to_end(argv, log=log, cwd=cwd, env=env, timeout=timeout, progress=progress)
+        code = run_to_end(argv, log=log, cwd=cwd, env=env, timeout=timeout, progress=progress, say=say)
     except subprocess.TimeoutExpired:
         raise NbtrainError(f"{what} did not finish in {timeout:.0f} s and was stopped; see {log}") from None
     try:

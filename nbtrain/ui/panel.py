@@ -73,6 +73,7 @@ from nbtrain.ui.preview import CHIP_STYLE, THUMB_STYLE, segments_html
 
 if TYPE_CHECKING:
     from nbtrain.ui.dashboard import Dashboard
+    from nbtrain.ui.export_box import ExportBox
 
 # The strategy dropdown offers what the schema accepts; were that one value, it would show disabled.
 STRATEGY_CHOICES: Final = get_args(DistributedSettings.model_fields["strategy"].annotation)
@@ -1058,6 +1059,8 @@ class ConfigPanel:
             layout=widgets.Layout(flex="0 0 auto", width="84px"),
         )
         self.live = widgets.VBox([])  # the launched run's dashboard
+        self.export_area = widgets.VBox([])  # that run's export form (once it has weights), or a loaded run's
+        self.export_box: ExportBox | None = None
         self.launch_button.on_click(self._guard(self._launch))
         self.stop_button.on_click(self._guard(self._stop))
         self.to_cell_button.on_click(self._guard(self._to_cell))
@@ -1155,6 +1158,7 @@ class ConfigPanel:
                 self.preset_note,
                 widgets.HBox([form, side], layout=widgets.Layout(align_items="flex-start")),
                 self.live,
+                self.export_area,
             ]
         )
 
@@ -1172,6 +1176,7 @@ class ConfigPanel:
         widget, with its layout and style, until it is closed)."""
         self._debouncer.close()
         self._close_view()
+        self._close_export()
         for c in (self._hello,):
             if c is not None:
                 with contextlib.suppress(Exception):
@@ -1553,6 +1558,7 @@ class ConfigPanel:
         from nbtrain.ui.dashboard import Dashboard  # plotly loads on the first launch, not with the panel
 
         self._close_view()  # the previous run goes on; only its view here stops
+        self._close_export()
         view = Dashboard(run)
         view.refresh()  # builds its widgets
         self.view = view
@@ -1577,6 +1583,25 @@ class ConfigPanel:
         if self.run is run:
             self.stop_button.disabled = True
             self._say(f"run {run.id}: {st.describe()}")
+            self._offer_export(run)
+
+    def _offer_export(self, run: Run) -> None:
+        """The export form of ``run`` under its dashboard, once it has something to export."""
+        from nbtrain.control.export import has_trained_weights
+        from nbtrain.ui.export_box import ExportBox
+
+        if self.export_box is not None and self.export_box.run.dir == run.dir:
+            return
+        self._close_export()
+        if has_trained_weights(run):
+            self.export_box = ExportBox(run)
+            self.export_area.children = (self.export_box.box,)
+
+    def _close_export(self) -> None:
+        box, self.export_box = self.export_box, None
+        self.export_area.children = ()
+        if box is not None and not box.busy:  # a running export finishes; its form just leaves
+            box.close()
 
     def _close_view(self) -> None:
         self._watch_stop.set()
@@ -1672,6 +1697,7 @@ class ConfigPanel:
         run = get_run(ref)
         self.set_config(config_from_run(run.config))
         self._action(None, f"loaded the config of run {run.id}")
+        self._offer_export(run)
 
 
 def _dump(cfg: Mapping[str, Any]) -> str:

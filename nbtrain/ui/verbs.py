@@ -484,6 +484,8 @@ def _eval_in_terminal(report: Any, a: Args) -> int:
 def _export(a: Args) -> Any:
     from nbtrain.control.export import export
 
+    if a.to is None:  # the notebook shows the export box; a terminal needs --to
+        return None
     return export(a.run, to=a.to, merge=a.merge, dtype=a.dtype, overwrite=a.overwrite,
                   push_to_hub=a.push_to_hub, private=not a.public, format=a.format,
                   quant=a.quant)  # fmt: skip
@@ -495,6 +497,20 @@ def _gguf_setup(a: Args) -> str:
     if llamacpp.missing() is None:
         return f"llama.cpp is ready (converter in {llamacpp.tools_dir()})"
     return f"llama.cpp set up: converter in {llamacpp.setup()}"
+
+
+def _export_in_notebook(result: Any, a: Args) -> Any:
+    if result is None:
+        from nbtrain.ui.export_box import ExportBox
+
+        return ExportBox(a.run)
+    return result
+
+
+def _export_in_terminal(result: Any, a: Args) -> int:
+    if result is None:
+        raise VerbUsageError("give --to DIR, the folder to write (in a notebook, without it a form opens)")
+    return _print_repr(result, a)
 
 
 def _print_repr(result: Any, a: Args) -> int:
@@ -774,7 +790,11 @@ TABLE: tuple[Verb, ...] = (
         "Save a run's model as a standalone directory (LoRA merged), or as GGUF files (--format gguf).",
         (
             _run_arg(),
-            arg("--to", required=True, help="the directory to write (new or empty)"),
+            arg(
+                "--to",
+                default=None,
+                help="the directory to write (new or empty); in a notebook, leave it out for a form",
+            ),
             arg(
                 "--merge",
                 action=argparse.BooleanOptionalAction,
@@ -799,8 +819,8 @@ TABLE: tuple[Verb, ...] = (
             arg("--public", action="store_true", help="create the hub repo public (default private)"),
         ),
         _export,
-        _returned,
-        _print_repr,
+        _export_in_notebook,
+        _export_in_terminal,
     ),
     Verb(
         "gguf-setup",

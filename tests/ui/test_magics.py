@@ -216,6 +216,7 @@ def test_eval_export_and_tensorboard_verbs_refuse_bad_input_in_the_kernel(
         f"%finetune tensorboard {run}",
         "%finetune export",
         HEAVY,
+        f"%finetune export {run}",  # no --to in a notebook: the export form
     ]
     nb = execute(cells, workdir, allow_errors=True)
     err = error_of(nb.cells[1])
@@ -225,6 +226,9 @@ def test_eval_export_and_tensorboard_verbs_refuse_bad_input_in_the_kernel(
     err = error_of(nb.cells[3])
     assert err is not None and "report_to: [tensorboard]" in err[1]
     err = error_of(nb.cells[4])
-    assert err is not None and "--to" in err[1]
+    assert err is not None and "the following arguments are required: run" in err[1], err
     assert text_of(nb.cells[5]).strip() == "[]"
+    view = "application/vnd.jupyter.widget-view+json"
+    widget = [o for o in nb.cells[6].outputs if view in o.get("data", {})]
+    assert len(widget) == 1 and error_of(nb.cells[6]) is None
     assert [p.name for p in (workdir / "taken").iterdir()] == ["f.txt"]

@@ -581,6 +581,10 @@ def test_launch_starts_a_real_run_that_completes(workdir: Path, make_panel: type
     _wait_for("the dashboard's loss curve", lambda: _loss_points(p) == 3)
     _wait_for("Stop disabled once the run ended", lambda: p.stop_button.disabled)
     assert "completed" in p.status_message
+    # then the run's export form, under its dashboard
+    _wait_for("the export form", lambda: p.export_box is not None)
+    assert p.export_box is not None and p.export_box.run.dir == run.dir and p.export_box.error is None
+    assert p.export_area.children == (p.export_box.box,)
 
 
 @pytest.mark.slow
@@ -679,6 +683,16 @@ def test_load_fills_the_form_from_a_runs_config(workdir: Path, make_panel: type[
     assert "method" not in d and "quantization" not in d  # defaults stay out of the YAML
     assert load_config(p.to_yaml()).config == prep.resolved.config
     assert _settled(p).errors == {}
+    assert p.export_box is None and p.export_area.children == ()  # it never trained: nothing to export
+
+
+def test_load_of_a_trained_run_offers_its_export(run_copy: Path, make_panel: type[ConfigPanel]) -> None:
+    p = make_panel()
+    p.load_ref.value = str(run_copy)
+    p.load_button.click()
+    assert p.general_errors == []
+    assert p.export_box is not None and p.export_box.run.dir == run_copy.resolve()
+    assert p.export_area.children == (p.export_box.box,) and p.export_box.to.value == "exports/tuned"
 
 
 def test_load_of_an_unknown_run_shows_the_error(make_panel: type[ConfigPanel]) -> None:

@@ -96,6 +96,16 @@ def test_a_notebook_verb_in_the_terminal_says_where_to_run_it(
     assert f"`nbtrain {verb}` is a notebook verb: run `%finetune {verb}` in a notebook" in err
 
 
+def test_export_without_a_folder_in_the_terminal_is_a_usage_error_naming_to(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_:  # in a notebook it opens the export form (test_magics)
+        cli.main(["export", "r1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: nbtrain export" in err and "give --to DIR" in err
+
+
 def test_an_unknown_verb_in_the_terminal_suggests_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["stauts", "r1"]) == 2
     err = capsys.readouterr().err
