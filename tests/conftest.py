@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,6 +152,59 @@ train: {{max_steps: 40, learning_rate: 3.0e-2, per_device_train_batch_size: 8, l
         )
         run.wait(timeout=600)
     return run.dir
+
+
+# The tool the shared tool-calling run is taught (the schema transformers' get_json_schema makes of
+# tests/ui/test_chat_tools.get_weather, which that test checks).
+_CITY = {"type": "string", "description": "the city's name"}
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Today's weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": _CITY}, "required": ["city"]}}}  # fmt: skip
+
+
+def _weather_conversation(city: str, sky: str) -> dict[str, Any]:
+    call = {"id": "call0", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}  # fmt: skip
+    return {
+        "tools": [WEATHER_TOOL],
+        "messages": [
+            {"role": "user", "content": f"Weather in {city}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call0", "name": "get_weather", "content": sky},
+            {"role": "assistant", "content": f"It is {sky} in {city}."},
+        ],
+    }
+
+
+@pytest.fixture(scope="session")
+def tool_chat_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Path]:
+    """A completed run of the tiny model with the tools template, taught one conversation: asked the
+    weather in Paris it calls get_weather, then says what the function returned (300 full fine-tuning
+    steps, ~6 s: LoRA on the random tiny model learns the call but not to copy the result). Shared by the
+    chat-with-tools tests; use it read-only."""
+    import nbtrain
+    from nbtrain.contract.errors import NbtrainError
+    from nbtrain.examples_tools import tool_model
+
+    work = tmp_path_factory.mktemp("chat-tools")
+    model = tool_model(tiny_model, work / "tiny-tools")
+    rows = [_weather_conversation("Paris", sky) for sky in ("sunny", "rainy", "cloudy", "windy")] * 16
+    (work / "calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with runs_in(work):
+        run = nbtrain.finetune(
+            f"""\
+model: {model}
+method: full
+data: {{train: calls.jsonl}}
+train: {{max_steps: 300, learning_rate: 3.0e-3, per_device_train_batch_size: 8, logging_steps: 100}}
+""",
+            name="tools",
+        )
+        st = run.wait(timeout=600)
+        assert st.state == "completed", st.describe()
+    yield run.dir
+    with contextlib.suppress(NbtrainError):  # a chat stopped the server it started
+        nbtrain.get_run(run.dir).stop_serving()
 
 
 @pytest.fixture

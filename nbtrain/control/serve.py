@@ -153,12 +153,17 @@ class ServerHandle:
         *,
         base: bool = False,
         timeout: float = 600.0,
+        into: dict[str, Any] | None = None,
         **params: Any,
     ) -> Generator[str, None, None]:
         """The assistant's reply to ``messages``, piece by piece as the server generates it (``stream:
         true``, server-sent events); the pieces add up to what ``chat`` returns. A server that is not
         there, or whose connection breaks before ``[DONE]``, raises ServerGone; an error the server
-        reports raises ServeError with its message."""
+        reports raises ServeError with its message.
+
+        ``into``: gets what is not text as it comes: ``tool_calls`` (a request with ``tools``; the calls'
+        deltas put together: id, name, JSON arguments), ``finish_reason``, and ``nbtrain_tool_call_error``
+        when the model wrote a call the server could not read."""
         msgs = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
         body = {"model": self.model(base), "messages": msgs, **params, "stream": True}
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -189,7 +194,10 @@ class ServerHandle:
                         msg = (event["error"] or {}).get("message", "an error while streaming")
                         raise ServeError(f"the server of run {self.run_dir.name} failed: {msg}")
                     for choice in event.get("choices") or []:
-                        piece = (choice.get("delta") or {}).get("content")
+                        delta = choice.get("delta") or {}
+                        if into is not None:
+                            _gather(into, choice, delta)
+                        piece = delta.get("content")
                         if piece:
                             yield str(piece)
             except TimeoutError:
@@ -204,6 +212,24 @@ class ServerHandle:
 
 
 # ------------------------------------------------------------------------------------ finding
+def _gather(into: dict[str, Any], choice: dict[str, Any], delta: dict[str, Any]) -> None:
+    """Put a streamed choice's tool-call deltas together in ``into`` as OpenAI clients do (by index: the
+    first delta of a call brings its id and name, the arguments may come in pieces)."""
+    for d in delta.get("tool_calls") or []:
+        calls = into.setdefault("tool_calls", [])
+        i = d.get("index", len(calls))
+        while len(calls) <= i:
+            calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        call, fn = calls[i], d.get("function") or {}
+        call["id"] = d.get("id") or call["id"]
+        call["function"]["name"] = fn.get("name") or call["function"]["name"]
+        call["function"]["arguments"] += fn.get("arguments") or ""
+    if choice.get("finish_reason"):
+        into["finish_reason"] = choice["finish_reason"]
+    if choice.get("nbtrain_tool_call_error"):
+        into["nbtrain_tool_call_error"] = choice["nbtrain_tool_call_error"]
+
+
 def find_server(run: Run | str | Path) -> ServerHandle | None:
     """The live server of ``run`` (started by any process), or None; a stale serve.json is removed."""
     run = get_run(run)

@@ -23,6 +23,7 @@ import contextlib
 import html
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,11 @@ import ipywidgets as widgets
 import traitlets
 
 from nbtrain.control.serve import ServeError, ServerGone, ServerHandle, find_server, serve
+from nbtrain.ui.chat_tools import Call, Tools, run_call
 from nbtrain.ui.run import Run, get_run
 
 KINDS = ("tuned", "base")
+MAX_TOOL_ROUNDS = 5  # calls then answers in one turn, at most: a model that keeps calling is stopped
 # The conversations of this kernel, per (run directory, compare_base): Close keeps them for the next widget.
 _KEPT: dict[tuple[Path, bool], list[Turn]] = {}
 
@@ -134,6 +137,39 @@ function render({ model, el }) {
     if (text !== undefined) d.textContent = text;
     return d;
   };
+  // A tool call in a reply: the call as a block, Run / Skip while it waits for the user, then its result.
+  const CALL_STATES = { asking: "run it?", running: "running\u2026", done: "returned", error: "failed",
+    skipped: "skipped" };
+  const callBlock = (c) => {
+    const box = div(`nbtrain-chat-call nbtrain-chat-call-${c.state}`);
+    const head = div("nbtrain-chat-call-head");
+    head.append(div("nbtrain-chat-call-tag", "tool"), div("nbtrain-chat-call-sig", c.shown),
+      div("nbtrain-chat-call-state", CALL_STATES[c.state] || c.state));
+    box.append(head);
+    if (c.state === "asking") {
+      const ask = div("nbtrain-chat-call-ask", "Run this function in your kernel?");
+      const answer = (run, label, cls) => {
+        const b = document.createElement("button");
+        b.className = cls;
+        b.textContent = label;
+        b.addEventListener("click", () => {
+          model.send({ type: "tool", id: c.id, run });
+          for (const x of ask.querySelectorAll("button")) x.disabled = true;
+        });
+        return b;
+      };
+      ask.append(answer(true, "Run", "nbtrain-chat-call-run"),
+        answer(false, "Skip", "nbtrain-chat-call-skip"));
+      box.append(ask);
+    }
+    if (c.result) {
+      const pre = document.createElement("pre");
+      pre.className = "nbtrain-chat-call-result";
+      pre.textContent = c.result;
+      box.append(pre);
+    }
+    return box;
+  };
   const draw = () => {
     const stick = log.scrollHeight - log.scrollTop - log.clientHeight < 48;
     const turns = model.get("turns").slice();
@@ -163,7 +199,16 @@ function render({ model, el }) {
         const msg = div(`nbtrain-chat-msg nbtrain-chat-${kind}`);
         const who = div("nbtrain-chat-who", label);
         who.title = title;
-        msg.append(who, div("nbtrain-chat-text", (text || "").replace(/^\\s+/, "")));
+        msg.append(who);
+        const steps = (t.steps || {})[kind];
+        if (steps && steps.length) {  // a chat with tools: text and calls in the order they came
+          for (const st of steps) {
+            if (st.type === "call") msg.append(callBlock(st));
+            else if (st.text.trim()) msg.append(div("nbtrain-chat-text", st.text.replace(/^\\s+/, "")));
+          }
+        } else {
+          msg.append(div("nbtrain-chat-text", (text || "").replace(/^\\s+/, "")));
+        }
         if (waiting) msg.append(div("nbtrain-chat-typing", "\\u25cf\\u25cf\\u25cf"));
         row.append(msg);
       }
@@ -207,6 +252,28 @@ _CSS = """
 .nbtrain-chat-typing { letter-spacing: 2px; font-size: 9px; line-height: 12px;
   color: var(--jp-ui-font-color2, #6e7781); animation: nbtrain-chat-pulse 1s ease-in-out infinite; }
 @keyframes nbtrain-chat-pulse { 50% { opacity: 0.3; } }
+.nbtrain-chat-call { margin: 4px 0; border: 1px solid var(--jp-border-color2, #d0d7de); border-radius: 6px;
+  background: var(--jp-layout-color1, #fff); overflow: hidden; }
+.nbtrain-chat-call-head { display: flex; gap: 8px; align-items: baseline; padding: 4px 8px; }
+.nbtrain-chat-call-tag { font-size: 10px; font-weight: 700; text-transform: uppercase; letter-spacing: 0.5px;
+  color: var(--jp-brand-color1, #1976d2); }
+.nbtrain-chat-call-sig { font-family: var(--jp-code-font-family, monospace); font-size: 12px; flex: 1;
+  min-width: 0; overflow-wrap: anywhere; }
+.nbtrain-chat-call-state { font-size: 11px; color: var(--jp-ui-font-color2, #57606a); white-space: nowrap; }
+.nbtrain-chat-call-error .nbtrain-chat-call-state { color: var(--jp-error-color1, #b3261e);
+  font-weight: 600; }
+.nbtrain-chat-call-ask { display: flex; gap: 8px; align-items: center; padding: 4px 8px 6px;
+  font-size: 12px; }
+.nbtrain-chat-call-ask button { height: 24px; padding: 0 12px; border-radius: 5px; font: inherit;
+  cursor: pointer; border: 1px solid var(--jp-border-color1, #c4c4c4);
+  background: var(--jp-layout-color1, #fff); color: inherit; }
+.nbtrain-chat-call-ask .nbtrain-chat-call-run { background: var(--jp-brand-color1, #1976d2); color: #fff;
+  border-color: transparent; font-weight: 600; }
+.nbtrain-chat-call-ask button:disabled { opacity: 0.45; cursor: default; }
+.nbtrain-chat-call-result { margin: 0; padding: 4px 8px; font-size: 12px; max-height: 160px; overflow: auto;
+  white-space: pre-wrap; overflow-wrap: anywhere; border-top: 1px solid var(--jp-border-color2, #d0d7de);
+  background: var(--jp-layout-color2, #f6f8fa); }
+.nbtrain-chat-call-error .nbtrain-chat-call-result { color: var(--jp-error-color1, #b3261e); }
 .nbtrain-chat-note { font-size: 12px; color: var(--jp-error-color1, #b3261e); padding: 0 4px; }
 .nbtrain-chat-input { border: 1px solid var(--jp-border-color2, #e0e0e0); border-top: none;
   border-radius: 0 0 8px 8px; padding: 6px 8px 4px; background: var(--jp-layout-color1, #fff); }
@@ -222,7 +289,7 @@ _CSS = """
 .nbtrain-chat-input textarea:focus { border-color: var(--jp-brand-color1, #1976d2);
   box-shadow: 0 0 0 1px var(--jp-brand-color1, #1976d2); }
 .nbtrain-chat-hint { font-size: 11px; color: var(--jp-ui-font-color3, #8c959f); padding: 2px 2px 0; }
-.nbtrain-chat-busy .nbtrain-chat-hint::after { content: " \\u00b7 answering\\u2026"; }
+.nbtrain-chat-busy .nbtrain-chat-hint::after { content: " · answering…"; }
 .nbtrain-chat-attach { flex: none; height: 34px; padding: 0 10px; border-radius: 6px; font: inherit;
   border: 1px solid var(--jp-border-color1, #c4c4c4); background: var(--jp-layout-color1, #fff);
   color: inherit; cursor: pointer; }
@@ -267,13 +334,20 @@ class Turn:
     pending: list[str] = field(default_factory=list)
     note: str | None = None
     images: list[str] = field(default_factory=list)  # data: URIs sent with the message
+    # With tools: a reply's text pieces ({"type": "text", "text"}) and calls, in order, and the assistant
+    # and tool messages it made (what the model sees of this turn later).
+    steps: dict[str, list[dict[str, Any] | Call]] = field(default_factory=dict)
+    messages: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def answered(self, kind: str) -> bool:
         return kind in self.replies and kind not in self.pending and self.note is None
 
     def state(self) -> dict[str, Any]:
+        steps = {
+            k: [p.state_dict() if isinstance(p, Call) else dict(p) for p in v] for k, v in self.steps.items()
+        }
         return {"user": self.user, "replies": dict(self.replies), "pending": list(self.pending),
-                "note": self.note, "images": list(self.images)}  # fmt: skip
+                "note": self.note, "images": list(self.images), "steps": steps}  # fmt: skip
 
 
 class ChatWidget:
@@ -293,8 +367,12 @@ class ChatWidget:
         max_tokens: int = 128,
         top_p: float = 1.0,
         start_timeout: float = 300.0,
+        tools: Iterable[Callable[..., Any]] | None = None,
+        confirm_tools: bool = True,
     ) -> None:
         self.run = get_run(run)
+        self.tools = Tools.of(tools) if tools else Tools()  # refused here, before any server starts
+        self._decisions: dict[str, tuple[threading.Event, list[bool]]] = {}  # a call's Run / Skip
         self.compare_base = compare_base
         self.start_timeout = start_timeout
         key = (self.run.dir.resolve(), compare_base)
@@ -318,7 +396,8 @@ class ChatWidget:
         self.view = ChatView(
             placeholder=f"Message {self.run.name or self.run.id}…",
             empty_text="Ask the tuned model something"
-            + (" — its base model answers beside it." if compare_base else "."),
+            + (" — its base model answers beside it." if compare_base else ".")
+            + (f" It may call your functions: {', '.join(self.tools.names)}." if self.tools else ""),
         )
         self.view.on_msg(self._on_view_msg)
         self.view.images = bool(self.run.config.get("vision"))
@@ -361,9 +440,13 @@ class ChatWidget:
         self.close_button.on_click(lambda _: self.close())
         self.restart_button.on_click(lambda _: self.restart())
         self.reopen_button.on_click(lambda _: self.reopen())
+        self.confirm_tools = widgets.Checkbox(
+            value=confirm_tools, description="ask before running a tool", indent=False,
+            layout=widgets.Layout(width="auto", display=None if self.tools else "none"),
+        )  # fmt: skip
         self.closed_note = widgets.HTML()
         settings = widgets.HBox(
-            [self.temperature, self.max_tokens, self.top_p],
+            [self.temperature, self.max_tokens, self.top_p, self.confirm_tools],
             layout=widgets.Layout(flex_flow="row wrap", max_width="880px"),
         )
         self._open_children = [
@@ -450,6 +533,8 @@ class ChatWidget:
 
     # ------------------------------------------------------------------------------- actions
     def _on_view_msg(self, _view: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("type") == "tool":
+            self.decide(str(content.get("id")), bool(content.get("run")))
         if isinstance(content, dict) and content.get("type") == "submit":
             text = str(content.get("text", ""))
             image = str(content.get("image") or "")
@@ -519,10 +604,8 @@ class ChatWidget:
                 if t is turn:
                     break
                 if t.answered(kind):
-                    msgs += [
-                        {"role": "user", "content": _content(t)},
-                        {"role": "assistant", "content": t.replies[kind]},
-                    ]
+                    msgs.append({"role": "user", "content": _content(t)})
+                    msgs += t.messages.get(kind) or [{"role": "assistant", "content": t.replies[kind]}]
         return [*msgs, {"role": "user", "content": _content(turn)}]
 
     def _answer(self, turn: Turn) -> None:
@@ -532,15 +615,8 @@ class ChatWidget:
         for kind in list(turn.pending):
             with self._lock:
                 turn.replies[kind] = ""
-            stream = server.stream_chat(self._history(kind, turn), base=kind == "base", **params)
             try:
-                with contextlib.closing(stream):  # leaving early closes the connection: the server stops
-                    for piece in stream:
-                        if self._closed:
-                            break
-                        with self._lock:
-                            turn.replies[kind] += piece
-                        self._publish()
+                self._reply(server, kind, turn, params)
             except ServerGone:
                 if self._closed:  # Close stopped the server this widget started
                     self._give_up(turn, None)
@@ -560,6 +636,81 @@ class ChatWidget:
                 if kind in turn.pending:
                     turn.pending.remove(kind)
             self._publish(force=True)
+
+    def _reply(self, server: ServerHandle, kind: str, turn: Turn, params: dict[str, Any]) -> None:
+        """``kind``'s reply to ``turn``, streamed into it. With tools, each call the model makes is run
+        (after the user's yes when ``confirm_tools``) and its result sent back, until it answers."""
+        history = self._history(kind, turn)
+        made: list[dict[str, Any]] = []
+        extra: dict[str, Any] = {"tools": self.tools.schemas} if self.tools else {}
+        for _ in range(MAX_TOOL_ROUNDS if self.tools else 1):
+            into: dict[str, Any] = {}
+            part: dict[str, Any] = {"type": "text", "text": ""}
+            with self._lock:
+                turn.steps.setdefault(kind, []).append(part)
+            stream = server.stream_chat(history + made, base=kind == "base", into=into, **params, **extra)
+            with contextlib.closing(stream):  # leaving early closes the connection: the server stops
+                for piece in stream:
+                    if self._closed:
+                        return
+                    with self._lock:
+                        turn.replies[kind] += piece
+                        part["text"] += piece
+                    self._publish()
+            calls = [Call(str(c.get("id") or f"call_{i}"), c["function"]["name"], c["function"]["arguments"])
+                     for i, c in enumerate(into.get("tool_calls") or [])]  # fmt: skip
+            if not calls:
+                break
+            made.append({"role": "assistant", "content": part["text"],
+                         "tool_calls": into["tool_calls"]})  # fmt: skip
+            for call in calls:
+                with self._lock:
+                    turn.steps[kind].append(call)
+                self._publish(force=True)
+                if not self._call(call):
+                    return  # closed while asking
+                self._publish(force=True)
+                made.append(call.message())
+        else:
+            if self.tools:
+                with self._lock:
+                    turn.note = f"stopped: the model was still calling tools after {MAX_TOOL_ROUNDS} rounds"
+        if self.tools:
+            with self._lock:
+                turn.messages[kind] = [*made, {"role": "assistant", "content": part["text"]}]
+
+    def _call(self, call: Call) -> bool:
+        """Run ``call`` once the user said yes (or at once without ``confirm_tools``); False when the chat
+        closed while it asked."""
+        if self.confirm_tools.value:
+            event, answer = threading.Event(), list[bool]()
+            self._decisions[call.id] = (event, answer)
+            try:
+                while not event.wait(0.1):
+                    if self._closed:
+                        return False
+            finally:
+                self._decisions.pop(call.id, None)
+            if not answer[0]:
+                call.state, call.result = "skipped", "the user did not let this call run"
+                return True
+        run_call(self.tools, call)
+        return True
+
+    def decide(self, call_id: str, run: bool = True) -> bool:
+        """Answer the chat's "run this call?" (Run: ``run=True``, Skip: False); False if no call with that
+        id is waiting."""
+        waiting = self._decisions.get(call_id)
+        if waiting is None:
+            return False
+        waiting[1].append(run)
+        waiting[0].set()
+        return True
+
+    @property
+    def asking(self) -> list[str]:
+        """The ids of the calls waiting for the user's Run or Skip."""
+        return list(self._decisions)
 
     def _give_up(self, turn: Turn, note: str | None) -> None:
         with self._lock:
@@ -694,5 +845,6 @@ def _content(turn: Turn) -> Any:
 
 
 def chat(run: Run | str | Path, *, compare_base: bool = False, **settings: Any) -> ChatWidget:
-    """A chat widget for ``run`` (see ChatWidget); ``settings``: temperature, max_tokens, top_p."""
+    """A chat widget for ``run`` (see ChatWidget); ``settings``: temperature, max_tokens, top_p, tools
+    (notebook functions the model may call), confirm_tools."""
     return ChatWidget(run, compare_base=compare_base, **settings)

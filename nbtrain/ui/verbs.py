@@ -456,8 +456,17 @@ def _serve_in_terminal(result: Any, a: Args) -> int:
 def _chat(a: Args) -> Any:
     from nbtrain.ui.chat import ChatWidget
 
+    tools = None
+    if a.tools:
+        from IPython import get_ipython
+
+        from nbtrain.ui.chat_tools import from_names
+
+        shell = get_ipython()
+        tools = from_names(a.tools, shell.user_ns if shell is not None else {})
     return ChatWidget(a.run, compare_base=a.compare_base, temperature=a.temperature,
-                      max_tokens=a.max_tokens, top_p=a.top_p)  # fmt: skip
+                      max_tokens=a.max_tokens, top_p=a.top_p, tools=tools,
+                      confirm_tools=not a.no_confirm)  # fmt: skip
 
 
 def _eval(a: Args) -> Any:
@@ -766,6 +775,8 @@ TABLE: tuple[Verb, ...] = (
             arg("--temperature", type=float, default=0.0, help="initial temperature (0: greedy)"),
             arg("--max-tokens", type=int, default=128, help="initial max new tokens"),
             arg("--top-p", type=float, default=1.0, help="initial top_p"),
+            arg("--tools", default=None, metavar="F,G", help="notebook functions the model may call"),
+            arg("--no-confirm", action="store_true", help="run the model's tool calls without asking"),
         ),
         _chat,
         _returned,

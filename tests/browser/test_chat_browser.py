@@ -169,3 +169,92 @@ train: {{max_steps: 80, learning_rate: 2.0e-2, per_device_train_batch_size: 4, a
         cells.nth(0).locator(".jp-OutputArea").screenshot(path=str(shots / "chat-image.png"))
     run.stop_serving()
     assert not errors, errors
+
+
+NOTEBOOK_TOOLS = '''\
+import nbtrain
+
+def get_weather(city: str) -> str:
+    """Today's weather in a city.
+
+    Args:
+        city: the city's name
+    """
+    return "sunny"
+
+def broken(city: str) -> str:
+    """Today's weather in a city.
+
+    Args:
+        city: the city's name
+    """
+    raise ValueError(f"no weather station in {city}")
+'''
+
+
+def test_a_chat_with_a_notebook_function_asks_runs_it_and_shows_a_failing_ones_traceback(
+    lab: tuple[str, str], tmp_path: Path, tool_chat_run: Path, shots: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    url, token = lab
+    run = tmp_path / "runs" / "tools"
+    shutil.copytree(tool_chat_run, run, ignore=shutil.ignore_patterns("checkpoints", "serve.json", "logs"))
+    write_notebook(
+        tmp_path / "tools.ipynb",
+        [
+            NOTEBOOK_TOOLS,
+            f"%load_ext nbtrain\n%finetune chat {run} --tools get_weather --max-tokens 40",
+            "broken.__name__ = 'get_weather'  # the same tool, as the model knows it, that fails\n"
+            f"w = nbtrain.get_run({str(run)!r}).chat(tools=[broken], confirm_tools=False, max_tokens=40)\n"
+            "w.clear()  # a new conversation: the model was taught single requests\nw",
+        ],
+    )
+    with lab_page(lab, "lab/tree/tools.ipynb", {"width": 1000, "height": 1000}) as (_, page, errors):
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        expect(cells).to_have_count(3, timeout=60_000)
+        _kernel_idle(url, token)
+        page.add_style_tag(content=".Toastify { display: none !important }")
+        for i in range(2):
+            cells.nth(i).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+        chat = cells.nth(1)
+        expect(chat.locator(".widget-html-content").first).to_contain_text("served at", timeout=120_000)
+        expect(chat.locator(".nbtrain-chat-empty")).to_contain_text("It may call your functions: get_weather")
+        chat.locator("textarea").fill("Weather in Paris?")
+        chat.locator(".nbtrain-chat-send").click()
+        call = chat.locator(".nbtrain-chat-call")
+        expect(call.locator(".nbtrain-chat-call-sig")).to_have_text(
+            "get_weather(city='Paris')", timeout=60_000
+        )
+        expect(call.locator(".nbtrain-chat-call-state")).to_have_text("run it?")
+        page.wait_for_timeout(300)
+        chat.locator(".jp-OutputArea").screenshot(path=str(shots / "tool-asking.png"))
+        call.locator("button", has_text="Run").click()
+        expect(call.locator(".nbtrain-chat-call-state")).to_have_text("returned", timeout=30_000)
+        expect(call.locator(".nbtrain-chat-call-result")).to_have_text("sunny")
+        expect(chat.locator(".nbtrain-chat-tuned .nbtrain-chat-text").last).to_have_text(
+            "It is sunny in Paris.", timeout=60_000
+        )
+        expect(chat.locator(".nbtrain-chat-call-ask")).to_have_count(0)
+        page.wait_for_timeout(300)
+        chat.locator(".jp-OutputArea").screenshot(path=str(shots / "tool-answered.png"))
+
+        # a function that raises, run without asking: its traceback in the chat, and the chat goes on
+        cells.nth(2).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+        other = cells.nth(2)
+        expect(other.locator(".widget-html-content").first).to_contain_text("served at", timeout=120_000)
+        other.locator("textarea").fill("Weather in Paris?")
+        other.locator(".nbtrain-chat-send").click()
+        failed = other.locator(".nbtrain-chat-call-error")
+        expect(failed.locator(".nbtrain-chat-call-state")).to_have_text("failed", timeout=60_000)
+        expect(failed.locator(".nbtrain-chat-call-result")).to_contain_text("ValueError: no weather station")
+        expect(other.locator(".nbtrain-chat-typing")).to_have_count(0, timeout=60_000)
+        other.locator("textarea").fill("Thanks!")
+        other.locator(".nbtrain-chat-send").click()
+        expect(other.locator(".nbtrain-chat-user")).to_have_count(2, timeout=10_000)
+        expect(other.locator(".nbtrain-chat-typing")).to_have_count(0, timeout=60_000)
+        page.wait_for_timeout(300)
+        other.locator(".jp-OutputArea").screenshot(path=str(shots / "tool-failed.png"))
+    assert not errors, errors
