@@ -2,18 +2,21 @@
 
     run.chat(tools=[get_weather, add])          # or: %finetune chat RUN --tools get_weather,add
 
-A function becomes an OpenAI tool schema from its type hints and its docstring (Google style ``Args:``),
-by transformers' own ``get_json_schema`` -- the one its chat templates use -- imported when tools are
-first given (it loads no torch). When the model calls one, the chat runs it in the kernel with the
-call's JSON arguments and sends back what it returned (a string as it is, anything else as JSON); a
-function that raises sends back its error, and its traceback shows in the chat. Nothing here decides
-whether a call runs: the chat asks first unless told not to (``ChatWidget.confirm_tools``).
+A function becomes an OpenAI tool schema from its type hints and its docstring (Google style ``Args:``):
+pydantic's JSON schema of its parameters, in the shape transformers' ``get_json_schema`` gives chat
+templates (which the kernel cannot call: it imports torch). When the model calls one, the chat runs it in
+the kernel with the call's JSON arguments and sends back what it returned (a string as it is, anything
+else as JSON); a function that raises sends back its error, and its traceback shows in the chat. Nothing
+here decides whether a call runs: the chat asks first unless told not to (``ChatWidget.confirm_tools``).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import traceback
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,13 +45,12 @@ class Tools:
                 continue
             try:
                 schema = _schema(f)
-            except Exception as e:  # noqa: BLE001 - transformers' TypeError / DocstringParsingException
+            except Exception as e:  # noqa: BLE001 - no hints, no docstring, a type pydantic cannot describe
                 problems.append(
                     f"{name}: {e}. A tool needs a type hint on every parameter and a docstring whose "
                     "first line says what it does, with an 'Args:' section describing each parameter"
                 )
                 continue
-            schema.get("function", {}).pop("return", None)  # not part of OpenAI's schema
             if name in tools.functions:
                 problems.append(f"two tools are named {name!r}")
             tools.functions[name] = f
@@ -66,10 +68,64 @@ class Tools:
 
 
 def _schema(f: Callable[..., Any]) -> dict[str, Any]:
-    from transformers.utils.chat_template_utils import get_json_schema
+    """OpenAI's tool schema of ``f``: pydantic's JSON schema of its parameters (from their type hints),
+    described by its docstring (the text before ``Args:``, and each ``name: text`` under it).
+    (transformers' ``get_json_schema`` does the same but imports torch, which the kernel must not.)"""
+    import pydantic
 
-    schema: dict[str, Any] = get_json_schema(f)
-    return schema
+    doc = inspect.getdoc(f) or ""
+    summary, args_doc = _split_doc(doc)
+    if not summary:
+        raise ValueError("it has no docstring saying what it does")
+    hints = typing.get_type_hints(f)
+    fields: dict[str, Any] = {}
+    for name, p in inspect.signature(f).parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise ValueError(f"*{name} cannot be described to a model; name each parameter")
+        if name not in hints:
+            raise ValueError(f"parameter {name!r} has no type hint")
+        default = ... if p.default is p.empty else p.default
+        fields[name] = (hints[name], pydantic.Field(default, description=args_doc.get(name)))
+    params = pydantic.create_model(f.__name__, **fields).model_json_schema()
+    described = {"name": f.__name__, "description": summary, "parameters": _untitled(params)}
+    return {"type": "function", "function": described}
+
+
+def _split_doc(doc: str) -> tuple[str, dict[str, str]]:
+    """A Google-style docstring's text before ``Args:`` (one line) and its parameters' descriptions."""
+    parts = re.split(r"^\s*(?:Args|Arguments|Parameters):\s*$", doc, maxsplit=1, flags=re.M)
+    summary = " ".join(parts[0].split())
+    described: dict[str, str] = {}
+    name, indent = None, 0
+    for line in (parts[1] if len(parts) > 1 else "").splitlines():
+        m = re.match(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line)
+        if m and (name is None or len(line) - len(line.lstrip()) <= indent):
+            name, indent = m.group(1), len(line) - len(line.lstrip())
+            described[name] = m.group(2).strip()
+        elif name is not None and line.strip():
+            if re.match(r"^\s*(Returns|Raises|Yields|Examples?):", line):
+                break
+            described[name] = f"{described[name]} {line.strip()}".strip()
+    return summary, described
+
+
+_FIRST = ("type", "anyOf", "enum", "items", "properties", "required")  # transformers' order, then the rest
+
+
+def _untitled(schema: Any) -> Any:
+    """``schema`` without pydantic's generated ``title``s (a property named title stays), its keys in the
+    order transformers writes them (a template that prints the schema prints what models were taught)."""
+    if isinstance(schema, list):
+        return [_untitled(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k in sorted(schema, key=lambda k: _FIRST.index(k) if k in _FIRST else len(_FIRST)):
+        v = schema[k]
+        if k == "title" and isinstance(v, str):
+            continue
+        out[k] = {n: _untitled(p) for n, p in v.items()} if k in ("properties", "$defs") else _untitled(v)
+    return out
 
 
 def from_names(names: str, namespace: Mapping[str, Any]) -> list[Callable[..., Any]]:

@@ -151,3 +151,36 @@ def test_a_raising_function_shows_its_traceback_and_the_conversation_goes_on(too
         assert len(w.turns) == 2 and w.turns[1].pending == [] and w.turns[1].note is None
     finally:
         w.close()
+
+
+@pytest.mark.slow
+def test_a_tool_calling_chat_loads_nothing_heavy_in_the_kernel(tool_chat_run: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    kernel = f"""
+import sys
+from nbtrain.ui.chat import ChatWidget
+
+def get_weather(city: str) -> str:
+    '''Today's weather in a city.
+
+    Args:
+        city: the city's name
+    '''
+    return "sunny"
+
+w = ChatWidget({str(tool_chat_run)!r}, tools=[get_weather], confirm_tools=False, max_tokens=40)
+w.wait(120)
+w.clear()
+assert w.send("Weather in Paris?")
+w.wait(120)
+print("ANSWER", w.turns[0].replies["tuned"])
+w.close()
+heavy = ("torch", "bitsandbytes", "llama_cpp", "transformers.modeling_utils", "peft")
+print("LEAKED", sorted(m for m in heavy if m in sys.modules))
+"""
+    proc = subprocess.run([sys.executable, "-c", kernel], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ANSWER It is sunny in Paris." in proc.stdout and "LEAKED []" in proc.stdout, proc.stdout
