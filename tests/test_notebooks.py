@@ -24,6 +24,7 @@ def test_the_labs_are_all_found() -> None:
         "04_your_own_loop.ipynb",
         "05_vision_language.ipynb",
         "06_real_model.ipynb",
+        "07_agent.ipynb",
     } <= names
 
 

@@ -369,9 +369,11 @@ class ChatWidget:
         start_timeout: float = 300.0,
         tools: Iterable[Callable[..., Any]] | None = None,
         confirm_tools: bool = True,
+        stop: str | list[str] | None = None,
     ) -> None:
         self.run = get_run(run)
         self.tools = Tools.of(tools) if tools else Tools()  # refused here, before any server starts
+        self.stop = [stop] if isinstance(stop, str) else list(stop or [])  # strings that end a reply
         self._decisions: dict[str, tuple[threading.Event, list[bool]]] = {}  # a call's Run / Skip
         self.compare_base = compare_base
         self.start_timeout = start_timeout
@@ -593,6 +595,7 @@ class ChatWidget:
             "temperature": float(self.temperature.value),
             "max_tokens": int(self.max_tokens.value),
             "top_p": float(self.top_p.value),
+            **({"stop": self.stop} if self.stop else {}),
         }
 
     def _history(self, kind: str, turn: Turn) -> list[dict[str, Any]]:
@@ -846,5 +849,5 @@ def _content(turn: Turn) -> Any:
 
 def chat(run: Run | str | Path, *, compare_base: bool = False, **settings: Any) -> ChatWidget:
     """A chat widget for ``run`` (see ChatWidget); ``settings``: temperature, max_tokens, top_p, tools
-    (notebook functions the model may call), confirm_tools."""
+    (notebook functions the model may call), confirm_tools, stop (strings that end a reply)."""
     return ChatWidget(run, compare_base=compare_base, **settings)
