@@ -31,12 +31,10 @@ import psutil
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import MAX_JSON_BYTES, RunPaths, atomic_write_json, read_json, tail_text
 from nbtrain.control import warm as warm_start
+from nbtrain.hardware.clock import same_start, start_record, started_before
 
 # The children this process started, kept until their exit status is collected (no zombies).
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-# Two reads of one process's create_time agree to well within this (it comes from the boot-time clock
-# in jiffies); a different process on a reused pid started at least this much later.
-_SAME_START = 0.01
 
 
 @dataclass(frozen=True)
@@ -51,11 +49,17 @@ class Launched:
     log_offset: int = 0  # where this process's output begins in ``log`` (earlier output is kept)
     _proc: subprocess.Popen[bytes] | None = field(default=None, compare=False, repr=False)
     _warm: warm_start.WarmChild | None = field(default=None, compare=False, repr=False)
+    boot_time: float | None = None  # what create_time was computed with (hardware/clock.py)
 
     @property
     def record(self) -> dict[str, Any]:
         """What identifies the group for liveness and stop, as launch.json and serve.json keep it."""
-        return {"pid": self.pid, "pgid": self.pgid, "create_time": self.create_time}
+        return {
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "create_time": self.create_time,
+            "boot_time": self.boot_time,
+        }
 
     def exit_code(self) -> int | None:
         """The exit status once the process has ended (collecting it), None while it runs."""
@@ -135,7 +139,7 @@ def start_process(
                 )
                 if isinstance(child, warm_start.WarmChild):
                     return Launched(child.pid, child.pid, list(argv), child.create_time, log, offset,
-                                    _warm=child)  # fmt: skip
+                                    _warm=child, boot_time=child.boot_time)  # fmt: skip
                 out.write(f"nbtrain: cold start: {child}\n".encode())
                 out.flush()
             proc = subprocess.Popen(
@@ -147,10 +151,11 @@ def start_process(
     _CHILDREN[proc.pid] = proc
     try:
         # Readable even if it has exited already: an uncollected child keeps its pid and /proc entry.
-        create_time: float | None = psutil.Process(proc.pid).create_time()
+        began: dict[str, float | None] = dict(start_record(psutil.Process(proc.pid)))
     except psutil.Error:
-        create_time = None
-    return Launched(proc.pid, proc.pid, list(argv), create_time, log, offset, proc)
+        began = {"create_time": None, "boot_time": None}
+    return Launched(proc.pid, proc.pid, list(argv), began["create_time"], log, offset, proc,
+                    boot_time=began["boot_time"])  # fmt: skip
 
 
 def spawn(
@@ -180,7 +185,7 @@ def spawn(
     first = started[0][1]
     atomic_write_json(paths.launch, {
         "argv": first.argv, "env": env_overrides, "pid": first.pid, "pgid": first.pgid,
-        "create_time": first.create_time, "procs": procs,
+        "create_time": first.create_time, "boot_time": first.boot_time, "procs": procs,
         "host": socket.gethostname(), "port": port, "start_time": time.time(),
     })  # fmt: skip
     return first
@@ -335,8 +340,8 @@ def _identity(rec: Mapping[str, Any]) -> tuple[int, int, float | None]:
     return pid, int(rec.get("pgid", pid)), None if ct is None else float(ct)
 
 
-def _is(p: psutil.Process, create_time: float) -> bool:
-    return abs(p.create_time() - create_time) < _SAME_START
+def _is(p: psutil.Process, create_time: float, rec: Mapping[str, Any]) -> bool:
+    return same_start(p, create_time, rec.get("boot_time"))
 
 
 def leader_alive(rec: Mapping[str, Any]) -> bool:
@@ -345,7 +350,7 @@ def leader_alive(rec: Mapping[str, Any]) -> bool:
     try:
         pid, _, ct = _identity(rec)
         leader = psutil.Process(pid)
-        return bool((ct is None or _is(leader, ct)) and leader.status() != psutil.STATUS_ZOMBIE)
+        return bool((ct is None or _is(leader, ct, rec)) and leader.status() != psutil.STATUS_ZOMBIE)
     except (psutil.Error, KeyError, TypeError, ValueError):
         return False
 
@@ -361,7 +366,7 @@ def _members(rec: Mapping[str, Any]) -> list[psutil.Process]:
     if ct is None or not members:
         return members  # a record from before create_time was kept: trusted as before
     try:
-        return members if _is(psutil.Process(pid), ct) else []  # the number was given to another
+        return members if _is(psutil.Process(pid), ct, rec) else []  # the number was given to another
     except psutil.NoSuchProcess:
         pass
 
@@ -370,7 +375,7 @@ def _members(rec: Mapping[str, Any]) -> list[psutil.Process]:
     # older than our leader shows that the number now names somebody else's group.
     for m in members:
         try:
-            if m.create_time() < ct - _SAME_START:
+            if started_before(m, ct, rec.get("boot_time")):
                 return []
         except psutil.NoSuchProcess:
             continue  # ended while we looked

@@ -75,7 +75,8 @@ class ServerHandle:
         )  # fmt: skip
 
     def _launch_info(self) -> dict[str, Any]:
-        return {"pid": self.pid, "pgid": self.pgid, "create_time": self.create_time}
+        return {"pid": self.pid, "pgid": self.pgid, "create_time": self.create_time,
+                "boot_time": self.info.get("boot_time")}  # fmt: skip
 
     def alive(self) -> bool:
         return launch.group_alive(self._launch_info())

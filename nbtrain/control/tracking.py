@@ -108,8 +108,8 @@ def tensorboard(run_dir: str | Path, *, timeout: float = 60.0) -> TensorBoardLau
             proc.stop(grace=5)
             raise NbtrainError(f"TensorBoard did not listen on {url} within {timeout:.0f} s; see {log}")
         time.sleep(0.2)
-    atomic_write_json(info_path, {"pid": proc.pid, "create_time": proc.create_time, "port": port, "url": url,
-                                  "argv": argv, "started": time.time()})  # fmt: skip
+    atomic_write_json(info_path, {**proc.record, "port": port, "url": url, "argv": argv,
+                                  "started": time.time()})  # fmt: skip
     return TensorBoardLaunched(url, proc.pid, str(logdir))
 
 

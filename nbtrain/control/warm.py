@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 
 from nbtrain.contract import warm as proto
+from nbtrain.hardware.clock import same_start, start_record
 
 CONNECT_TIMEOUT = 2.0
 REPLY_TIMEOUT = 30.0
@@ -39,6 +40,7 @@ class WarmChild:
     create_time: float | None
     exit_file: Path
     code: int | None = None
+    boot_time: float | None = None  # what create_time was computed with (hardware/clock.py)
 
     def exit_code(self) -> int | None:
         """None while it runs; its exit status once it ended (-9 when it was killed before it could say)."""
@@ -46,7 +48,7 @@ class WarmChild:
             return self.code
         try:
             p = psutil.Process(self.pid)
-            same = self.create_time is None or abs(p.create_time() - self.create_time) < 0.01
+            same = self.create_time is None or same_start(p, self.create_time, self.boot_time)
             if same and p.status() != psutil.STATUS_ZOMBIE:
                 return None
         except psutil.Error:
@@ -110,10 +112,10 @@ def try_warm(
         return why
     pid = int(reply["pid"])
     try:
-        create_time: float | None = psutil.Process(pid).create_time()
+        began: dict[str, float | None] = dict(start_record(psutil.Process(pid)))
     except psutil.Error:
-        create_time = None
-    return WarmChild(pid, create_time, exit_file)
+        began = {"create_time": None, "boot_time": None}
+    return WarmChild(pid, began["create_time"], exit_file, boot_time=began["boot_time"])
 
 
 def start(env: Mapping[str, str] | None = None) -> bool:

@@ -45,6 +45,7 @@ from types import FrameType
 from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, read_json
+from nbtrain.hardware.clock import start_record
 from nbtrain.worker.gguf import use_converted
 from nbtrain.worker.serve.engine import (
     BASE,
@@ -82,7 +83,7 @@ def write_info(
     import psutil
 
     info = {
-        "pid": os.getpid(), "pgid": os.getpgid(0), "create_time": psutil.Process().create_time(),
+        "pid": os.getpid(), "pgid": os.getpgid(0), **start_record(psutil.Process()),
         "url": url, "models": models, "engine": engine, "device": device, "started": time.time(),
         "api_key": api_key,
     }  # fmt: skip
