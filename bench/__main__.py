@@ -170,10 +170,24 @@ def _gguf(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     return [("GGUF export, SmolLM2-135M (f16, q8_0, q4_k_m)", export, ""), (what, speed, "")]
 
 
+def _serving(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rows = []
+    for label in ("smollm2-135m", "tiny-adder"):
+        r = d[label]
+        new, old = r["batching"], r["one_at_a_time"]
+        figures = ", ".join(f"{n} clients {new[n]['tokens_per_s']:.0f} vs {old[n]['tokens_per_s']:.0f} tok/s "
+                            f"({_x(r['ratio'][n])})" for n in new)  # fmt: skip
+        ttft = f"; TTFT p95 {new['1']['ttft_p95_s']:.2f} s at 1 client, {new['8']['ttft_p95_s']:.2f} s at 8"
+        target = ">= 3x at 8 clients; TTFT p95 8 <= 2x 1" if label.startswith("smol") else ""
+        rows.append((f"server, continuous batching vs one at a time ({label}, streaming, greedy)",
+                     figures + ttft, target))  # fmt: skip
+    return rows
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str]]]] = {
     "overhead": _overhead, "llamafactory": _llamafactory, "latency": _latency, "estimator": _estimator,
     "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu, "gpu_run1": _gpu,
-    "warm_jobs": _warm_jobs, "msswift": _msswift, "gguf": _gguf,
+    "warm_jobs": _warm_jobs, "msswift": _msswift, "gguf": _gguf, "serving": _serving,
 }  # fmt: skip
 
 

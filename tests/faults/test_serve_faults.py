@@ -305,15 +305,17 @@ def test_a_streaming_client_that_leaves_and_one_that_gave_up_waiting_generate_no
         chunk = streaming.recv(65536)
         assert chunk, got
         got += chunk
-    with socket.create_connection(address(server), timeout=10) as waiting:  # queued behind the stream
+    with socket.create_connection(address(server), timeout=10) as waiting:  # a second request meanwhile
         waiting.sendall(post_head(server, str(len(long_body()))).encode() + long_body())
         time.sleep(0.3)
     streaming.close()
     assert_answers(server, within=5)
     stopped = sorted(went_away(server, since, n=2))
     assert len(stopped) == 2, stopped
-    assert stopped[0] == (0, LONG)  # the one that waited never started
-    assert 0 < stopped[1][0] < LONG
+    # With continuous batching the second request starts beside the stream instead of waiting for it
+    # (without batching it never started: 0 tokens); either way both stop once their clients are gone,
+    # long before the tokens they asked for.
+    assert all(n < LONG and asked == LONG for n, asked in stopped) and stopped[1][0] > 0, stopped
 
 
 ASK = {"role": "user", "content": "Weather in Oslo?"}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, read_json
+from nbtrain.worker.serve.batching import Batcher
 
 TUNED = "tuned"
 BASE = "base"
@@ -240,17 +242,25 @@ class _Watch:
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        new = input_ids[0, self.prompt_len :].tolist()
-        self.generated = len(new)
-        if self.on_text is not None:
-            with self.tok_lock:
-                text = self.tok.decode(new, skip_special_tokens=True)
-            if not any(s in text for s in self.stop):  # the final text is cut there: sent at the end
-                safe = text[: len(text) - self.holdback].rstrip("\ufffd")  # not half a character
-                self.send(safe)
+        self.seen(input_ids[0, self.prompt_len :].tolist())
         if self.cancel is not None and not self.cancelled and self.cancel():
             self.cancelled = True
         return torch.full((input_ids.shape[0],), self.cancelled, dtype=torch.bool, device=input_ids.device)
+
+    def seen(self, new: list[int]) -> bool:
+        """The tokens generated so far: the text they add is streamed; True once a stop string is in it
+        (the continuous-batching path stops there; generate's own stop_strings do so on the other)."""
+        self.generated = len(new)
+        if self.on_text is None and not self.stop:
+            return False
+        with self.tok_lock:
+            text = self.tok.decode(new, skip_special_tokens=True)
+        if any(s in text for s in self.stop):  # the final text is cut there: sent at the end
+            return True
+        if self.on_text is not None:
+            safe = text[: len(text) - self.holdback].rstrip("\ufffd")  # not half a character
+            self.send(safe)
+        return False
 
     def send(self, text: str) -> None:
         """Send what ``text`` adds to the text sent so far (nothing when it is not an extension)."""
@@ -261,7 +271,13 @@ class _Watch:
 
 class Engine:
     def __init__(
-        self, run_dir: str | Path, *, base_only: bool = False, device: str = "auto", dtype: str | None = None
+        self,
+        run_dir: str | Path,
+        *,
+        base_only: bool = False,
+        device: str = "auto",
+        dtype: str | None = None,
+        batching: bool = False,
     ) -> None:
         import torch
 
@@ -284,6 +300,49 @@ class Engine:
             # A full fine-tune replaced the weights: base answers need the base model itself.
             self.base_model, _ = load_tuned(self.run_dir, base=True, dtype=dtype, device=device)
         self.context_length = context_length(self.model, self.tok)
+        self.batchers: dict[tuple[str, bool], Batcher] = {}
+        self._batchers_lock = threading.Lock()
+        self.batching = batching and self._can_batch()
+        if self.batching and hasattr(self.model, "disable_adapter"):
+            # Continuous batching runs its own loop over a model: base and tuned answers cannot share one
+            # by switching the adapter off, so the tuned model is the adapter merged into a copy, and the
+            # base the model with its adapter taken out.
+            import copy
+
+            peft_model = self.model
+            self.model = copy.deepcopy(peft_model).merge_and_unload().eval()
+            self.base_model = peft_model.unload().eval()
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None)
+        eos = self.tok.eos_token_id if eos is None else eos
+        self.eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+
+    def _can_batch(self) -> bool:
+        """Continuous batching serves text from a plain or LoRA model (a QLoRA model's 4-bit weights do
+        not merge exactly, a vision model's images are not batched), where transformers has it;
+        NBTRAIN_SERVE_BATCHING=0 turns it off."""
+        if os.environ.get("NBTRAIN_SERVE_BATCHING", "1") == "0" or self.processor is not None:
+            return False
+        return self.method in ("lora", "full") and hasattr(self.model, "init_continuous_batching")
+
+    def _batcher(self, kind: str, sampling: bool) -> Batcher:
+        with self._batchers_lock:
+            b = self.batchers.get((kind, sampling))
+            if b is None:
+                with self._model_for(kind) as model:
+                    b = Batcher(
+                        model,
+                        sampling=sampling,
+                        pad_token_id=self.tok.pad_token_id,
+                        context=self.context_length,
+                    )
+                self.batchers[(kind, sampling)] = b
+            return b
+
+    def close(self) -> None:
+        """Stop the batching loops."""
+        for b in list(self.batchers.values()):
+            b.close()
 
     # --------------------------------------------------------------------------------- names
     def which(self, model: Any) -> str:
@@ -483,8 +542,22 @@ class Engine:
         from transformers import StoppingCriteriaList
 
         input_ids, max_tokens = prompt.ids, prompt.max_tokens
-        ids = torch.tensor([input_ids], device=self.device)
         watch = _Watch(self.tok, self.tok_lock, len(input_ids), params.stop, cancel, on_text)
+        sampling = params.temperature >= MIN_TEMPERATURE
+        if self.batching and not prompt.extra and not (sampling and params.seed is not None):
+            # together with whatever else is being answered (a seeded sample takes the path below: the
+            # batch's sampler has no per-request random state)
+            if cancel is not None and cancel():
+                raise Cancelled(0, max_tokens)
+            batcher = self._batcher(kind, sampling)
+            got = batcher.generate(
+                input_ids, max_tokens=max_tokens, eos=self.eos_ids, temperature=params.temperature,
+                top_p=params.top_p, on_tokens=watch.seen, cancel=cancel,
+            )  # fmt: skip
+            if cancel is not None and not got.finished and cancel():
+                raise Cancelled(len(got.tokens), max_tokens)
+            return self._output(got.tokens, input_ids, max_tokens, params, special, watch)
+        ids = torch.tensor([input_ids], device=self.device)
         kwargs: dict[str, Any] = {
             "max_new_tokens": max_tokens,
             "pad_token_id": self.tok.pad_token_id,
@@ -513,6 +586,18 @@ class Engine:
         new = out[0, len(input_ids) :].tolist()
         if watch.cancelled:
             raise Cancelled(len(new), max_tokens)
+        return self._output(new, input_ids, max_tokens, params, special, watch)
+
+    def _output(
+        self,
+        new: list[int],
+        input_ids: list[int],
+        max_tokens: int,
+        params: Params,
+        special: bool,
+        watch: _Watch,
+    ) -> Output:
+        """The answer of ``new`` tokens: its text (cut at a stop string), why it ended, its counts."""
         with self.tok_lock:
             if special:
                 ends = {self.tok.eos_token_id, self.tok.pad_token_id, self.tok.bos_token_id}

@@ -560,7 +560,7 @@ def serve_builtin(
         from nbtrain.worker.lean import hide_for_run
 
         hide_for_run(run_dir, label="nbtrain serve")  # before the engine imports torch and peft
-    engine = Engine(run_dir, base_only=base_only, device=device)
+    engine = Engine(run_dir, base_only=base_only, device=device, batching=True)
     api_key = new_api_key()
     handler = make_handler(engine, api_key, serve_file(run_dir), request_timeout=request_timeout)
     httpd = Server((HOST, port), handler, MAX_CONNECTIONS)
@@ -585,6 +585,7 @@ def serve_builtin(
     finally:
         remove_info(run_dir)
         httpd.server_close()
+        engine.close()  # the batching loops' threads would keep the process alive
     return 0
 
 
