@@ -30,18 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "gguf.json"
 
-from bench.peers import lora_config  # noqa: E402
+from bench.peers import CHAT_PROMPTS, lora_config  # noqa: E402
 
-PROMPTS = [
-    "Name three colours of the rainbow.",
-    "What is the capital of Italy?",
-    "Give me a short tip for sleeping well.",
-    "What do bees make?",
-    "Write one sentence about the sea.",
-    "How many days are in a week?",
-    "What is a synonym of happy?",
-    "Describe a cat in one sentence.",
-]
+PROMPTS = CHAT_PROMPTS[:8]
 QUANTS = ["f16", "q8_0", "q4_k_m"]
 
 

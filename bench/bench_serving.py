@@ -31,22 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "serving.json"
 
-from bench.peers import lora_config  # noqa: E402
+from bench.peers import CHAT_PROMPTS, lora_config  # noqa: E402
 
-PROMPTS = [
-    "Name three colours of the rainbow.",
-    "What is the capital of Italy?",
-    "Give me a short tip for sleeping well.",
-    "What do bees make?",
-    "Write one sentence about the sea.",
-    "How many days are in a week?",
-    "What is a synonym of happy?",
-    "Describe a cat in one sentence.",
-    "Why is the sky blue?",
-    "Name a fruit that is yellow.",
-    "What is 12 times 12?",
-    "Suggest a name for a dog.",
-]
+PROMPTS = CHAT_PROMPTS
 CLIENTS = (1, 4, 8)
 MAX_TOKENS = 48
 

@@ -260,6 +260,23 @@ def rotated(systems: Sequence[str], i: int) -> list[str]:
     return [*systems[k:], *systems[:k]]
 
 
+# Everyday chat prompts the serving benchmarks ask (bench_gguf the first 8, bench_serving all).
+CHAT_PROMPTS = [
+    "Name three colours of the rainbow.",
+    "What is the capital of Italy?",
+    "Give me a short tip for sleeping well.",
+    "What do bees make?",
+    "Write one sentence about the sea.",
+    "How many days are in a week?",
+    "What is a synonym of happy?",
+    "Describe a cat in one sentence.",
+    "Why is the sky blue?",
+    "Name a fruit that is yellow.",
+    "What is 12 times 12?",
+    "Suggest a name for a dog.",
+]
+
+
 def lora_config(model: Path, data: Path, steps: int, extra: str = "") -> str:
     """The benchmarks' LoRA job: batch 8, lr 1e-3, no checkpoints, a loss logged at every step."""
     return (
