@@ -305,7 +305,3 @@ def _hf_usage(to: Path, kind: str) -> str:
     cls = "AutoPeftModelForCausalLM" if kind == "adapter" else "AutoModelForCausalLM"
     package = "peft" if kind == "adapter" else "transformers"
     return f'from {package} import {cls}\nmodel = {cls}.from_pretrained("{to}")'
-
-
-def export_box(run: str | Path | Run) -> ExportBox:
-    return ExportBox(run)

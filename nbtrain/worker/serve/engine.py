@@ -242,7 +242,10 @@ class _Watch:
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        self.seen(input_ids[0, self.prompt_len :].tolist())
+        new = input_ids[0, self.prompt_len :].tolist()
+        self.generated = len(new)
+        if self.on_text is not None:  # generate's own stop_strings end it at a stop: only stream here
+            self.seen(new)
         if self.cancel is not None and not self.cancelled and self.cancel():
             self.cancelled = True
         return torch.full((input_ids.shape[0],), self.cancelled, dtype=torch.bool, device=input_ids.device)
