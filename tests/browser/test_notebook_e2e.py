@@ -50,15 +50,17 @@ def _post(url: str, token: str, path: str) -> None:
 
 
 def _nudge(runtime: Path, kernel_id: str) -> bool:
-    """Ask the kernel for its info over its own connection file: its busy/idle status messages then reach
-    the server's activity record too. Whether it answered."""
+    """Run an empty, silent cell over the kernel's own connection file: the busy/idle statuses it publishes
+    answer an execute_request, a message type the server tracks, so its activity record follows them (a
+    kernel_info_request's statuses are untracked: the server only moves "starting" to idle on them, never
+    "busy"). Whether it answered."""
     from jupyter_client import BlockingKernelClient
 
     kc = BlockingKernelClient(connection_file=str(runtime / f"kernel-{kernel_id}.json"))
     try:
         kc.load_connection_file()
         kc.start_channels()
-        kc.kernel_info(reply=True, timeout=10)
+        kc.execute("", silent=True, store_history=False, reply=True, timeout=10)
         return True
     except Exception:  # not answering is what the caller goes on to report
         return False
@@ -70,8 +72,8 @@ def _kernel_idle(url: str, token: str, timeout: float = 90.0, runtime: Path | No
     """Wait for the notebook's kernel to exist and be idle (the toolbar's indicator shows "idle" before a
     kernel exists, STACK-NOTES). ``runtime`` (the lab's JUPYTER_RUNTIME_DIR): after a REST restart on a
     loaded machine the server has been seen to keep the new kernel "busy" with no activity for 90 s (it
-    missed the kernel's first idle status); a kernel that stays so for 20 s is asked for its info once,
-    which it answers with fresh statuses."""
+    missed the kernel's first idle status); a kernel that stays so for 20 s is given an empty silent cell,
+    every 20 s, which it answers with fresh statuses."""
     deadline = time.monotonic() + timeout
     nudge_at = time.monotonic() + 20 if runtime is not None else None
     kernels: list[dict[str, Any]] = []
@@ -84,9 +86,9 @@ def _kernel_idle(url: str, token: str, timeout: float = 90.0, runtime: Path | No
             ):
                 return
             if nudge_at is not None and runtime is not None and time.monotonic() > nudge_at and kernels:
-                nudge_at = None
+                nudge_at = time.monotonic() + 20
                 answered = [_nudge(runtime, k["id"]) for k in kernels if k["execution_state"] == "busy"]
-                print(f"kernels still busy after 20 s; asked for their info: answered {answered}")
+                print(f"kernels still busy after 20 s; ran an empty cell: answered {answered}")
         except OSError:
             pass  # the server answers 500 while the kernel is starting
         time.sleep(0.5)
