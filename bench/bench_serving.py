@@ -1,5 +1,8 @@
-"""The built-in server under concurrent clients: continuous batching (transformers' manager, the default)
-against the one-request-at-a-time engine it replaced (NBTRAIN_SERVE_BATCHING=0), side by side in one run.
+"""The built-in server under concurrent clients, side by side in one run: nbtrain's FastAPI server with
+continuous batching (transformers' manager, the default), the same server on the one-request-at-a-time
+engine it replaced (NBTRAIN_SERVE_BATCHING=0), and ``transformers serve --continuous-batching`` (the
+other candidate for the built-in engine; it serves no adapters, so it gets the run merged by
+``nbtrain.export``).
 
 - Runs: a 2-step LoRA run of SmolLM2-135M-Instruct (bench/peers.lora_config) and of the tiny-adder, each
   served by ``run.serve()`` (the tuned model).
@@ -8,8 +11,10 @@ against the one-request-at-a-time engine it replaced (NBTRAIN_SERVE_BATCHING=0),
   ``stream_options.include_usage``. Aggregate tokens/s: completion tokens of all requests over the wall
   time from the first request to the last answer; time to first token per request (the first streamed
   content), p50 and p95. One request per server first, to warm it.
-- Result: ``ratio_8_clients`` (batching over the old engine's aggregate tokens/s at 8 clients, SmolLM2) and
-  ``ttft_p95_8_over_1`` (batching, p95 time to first token at 8 clients over 1), with every figure.
+- Result: ``ratio_8_clients`` (batching over the old engine's aggregate tokens/s at 8 clients, SmolLM2),
+  ``ttft_p95_8_over_1`` (batching, p95 time to first token at 8 clients over 1) and
+  ``over_transformers_serve`` (nbtrain's aggregate tokens/s over transformers serve's, per client count),
+  with every figure.
 
     python bench/bench_serving.py           # writes bench/results/serving.json
 """
@@ -43,7 +48,7 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def load(client: Any, n_clients: int, per_client: int) -> dict[str, float]:
+def load(client: Any, n_clients: int, per_client: int, model: str = "tuned") -> dict[str, float]:
     """``n_clients`` threads, ``per_client`` streaming requests each: aggregate tokens/s and TTFTs."""
     ttfts: list[float] = []
     tokens: list[int] = []
@@ -57,7 +62,7 @@ def load(client: Any, n_clients: int, per_client: int) -> dict[str, float]:
             first, n = None, 0
             try:
                 stream = client.chat.completions.create(
-                    model="tuned", messages=[{"role": "user", "content": prompt}], temperature=0,
+                    model=model, messages=[{"role": "user", "content": prompt}], temperature=0,
                     max_tokens=MAX_TOKENS, stream=True, stream_options={"include_usage": True},
                 )  # fmt: skip
                 for chunk in stream:
@@ -108,6 +113,53 @@ def measure(run: Any, batching: bool, per_client: int) -> dict[str, Any]:
         server.stop()
 
 
+def measure_transformers_serve(run: Any, work: Path, per_client: int) -> dict[str, Any]:
+    """``transformers serve`` with continuous batching on the run merged into its base."""
+    import signal
+    import socket
+    import subprocess
+    import urllib.request
+
+    import openai
+
+    import nbtrain
+
+    merged = work / f"merged-{run.name}"
+    nbtrain.export(run, to=merged)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = str(Path(sys.executable).with_name("transformers"))
+    argv = [exe, "serve", str(merged), "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1",
+            "--port", str(port)]  # fmt: skip
+    log = (work / f"transformers-serve-{run.name}.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"transformers serve did not start: see {log.name}") from None
+                time.sleep(0.5)
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900
+        )
+        load(client, 1, 1, str(merged))  # warm (its first request builds the batching cache)
+        out = {}
+        for n in CLIENTS:
+            out[str(n)] = r = load(client, n, per_client, str(merged))
+            print(f"  transformers serve, {n} clients: {r['tokens_per_s']:.1f} tokens/s, TTFT p50 "
+                  f"{r['ttft_p50_s']:.2f} s p95 {r['ttft_p95_s']:.2f} s", flush=True)  # fmt: skip
+        return out
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        log.close()
+
+
 def main() -> int:
     import nbtrain
     from nbtrain.examples import write_dataset
@@ -134,20 +186,27 @@ def main() -> int:
             res[label] = {
                 "one_at_a_time": measure(run, False, per_client),
                 "batching": measure(run, True, per_client),
+                "transformers_serve": measure_transformers_serve(run, work, per_client),
             }
             old, new = res[label]["one_at_a_time"], res[label]["batching"]
             res[label]["ratio"] = {n: new[n]["tokens_per_s"] / old[n]["tokens_per_s"] for n in new}
+            tfs = res[label]["transformers_serve"]
+            res[label]["over_transformers_serve"] = {
+                n: new[n]["tokens_per_s"] / tfs[n]["tokens_per_s"] for n in new
+            }
             res[label]["ttft_p95_8_over_1"] = new["8"]["ttft_p95_s"] / new["1"]["ttft_p95_s"]
         os.chdir(ROOT)
     res["ratio_8_clients"] = res["smollm2-135m"]["ratio"]["8"]
     res["ttft_p95_8_over_1"] = res["smollm2-135m"]["ttft_p95_8_over_1"]
+    res["over_transformers_serve"] = res["smollm2-135m"]["over_transformers_serve"]
     res["loadavg_end"] = os.getloadavg()
     RESULTS.write_text(json.dumps(res, indent=1) + "\n")
     for label in models:
         r = res[label]
         ratios = ", ".join(f"{n} clients {v:.2f}x" for n, v in r["ratio"].items())
+        over = ", ".join(f"{n} clients {v:.2f}x" for n, v in r["over_transformers_serve"].items())
         print(f"{label}: batching / one at a time: {ratios}; TTFT p95 8 vs 1 client "
-              f"{r['ttft_p95_8_over_1']:.2f}x")  # fmt: skip
+              f"{r['ttft_p95_8_over_1']:.2f}x; nbtrain / transformers serve: {over}")  # fmt: skip
     print(f"wrote {RESULTS}")
     return 0
 
