@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum 
 # DeepSpeed compiles C++ ops on first use (60-120 s each); one cache per machine that tests and CI reuse.
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/nbtrain/torch_extensions
 
-.PHONY: install demo test check lint typecheck pytest bench faults clean llamacpp
+.PHONY: install demo test check lint typecheck pytest bench faults clean llamacpp slurm
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,8 +34,8 @@ typecheck: install
 
 # NBTRAIN_REQUIRE_BROWSER / _LLAMACPP: here those tests fail, rather than skip, when chromium, the lab build
 # or llama.cpp is missing.
-pytest: install labext chromium
-	NBTRAIN_REQUIRE_BROWSER=1 NBTRAIN_REQUIRE_LLAMACPP=1 $(PY) -m pytest -q -ra --durations=25
+pytest: install labext chromium slurm
+	NBTRAIN_REQUIRE_BROWSER=1 NBTRAIN_REQUIRE_LLAMACPP=1 NBTRAIN_REQUIRE_SLURM=1 $(PY) -m pytest -q -ra --durations=25
 
 # llama.cpp for GGUF export (nbtrain.control.llamacpp): pip builds llama-cpp-python from its sdist once per
 # machine (~4.5 min on 2 cores; then seconds) and its converter is kept in nbtrain's cache. `make test`
@@ -45,8 +45,8 @@ llamacpp: install
 	@echo "llama.cpp setup started in the background (GGUF export; the tests that need it wait for it)"
 	@setsid nohup nice -n 19 $(PY) -m nbtrain.control.llamacpp setup > $(VENV)/llamacpp-setup.out 2>&1 &
 
-# chromium first: on a machine where it cannot be installed, stop before minutes of setup, not after.
-test: chromium llamacpp lint typecheck pytest
+# chromium and SLURM first: on a machine where they cannot be installed, stop before minutes of setup.
+test: chromium slurm llamacpp lint typecheck pytest
 
 # The fast tier, to iterate with: lint, types and every test that starts no training process, drives no
 # browser and needs no GPU (make test runs them all).
@@ -95,6 +95,25 @@ chromium:
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 	else \
 		echo "make test needs Debian's chromium for the browser tests; run: sudo apt-get install -y chromium" >&2; \
+		exit 1; \
+	fi
+
+# The SLURM tests run a real cluster on this machine (tests/slurmcluster.py: munged, slurmctld, two slurmd)
+# from Debian's slurm-wlm and munge, installed like chromium: root with apt-get, else stop with the command.
+SLURM_PKGS := slurm-wlm munge
+slurm:
+	@if command -v sbatch >/dev/null 2>&1 && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "make test needs SLURM (slurmctld, slurmd, munged) for the SLURM tests, and there is no apt-get here" \
+			"to install Debian's slurm-wlm and munge: install them with this system's package manager" >&2; \
+		exit 1; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "SLURM is missing: installing Debian's packages (apt-get install $(SLURM_PKGS))"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(SLURM_PKGS) || \
+			{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+				$(SLURM_PKGS); }; \
+	else \
+		echo "make test needs SLURM for the SLURM tests; run: sudo apt-get install -y $(SLURM_PKGS)" >&2; \
 		exit 1; \
 	fi
 

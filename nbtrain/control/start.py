@@ -71,6 +71,8 @@ def _commands(prep: Prepared, run: Run, port: int) -> list[tuple[str, list[str]]
 
 
 def _submit_slurm(prep: Prepared, run: Run) -> Run:
+    """Write the run's sbatch script and submit it; the job id goes into status.json (``slurm_job``), and
+    from then on the run's state is what SLURM says of it (control/slurm.py)."""
     d = prep.resolved.config.distributed
     assert d.slurm is not None
     script = run.dir / "slurm.sbatch"
@@ -81,13 +83,25 @@ def _submit_slurm(prep: Prepared, run: Run) -> Run:
         print(f"sbatch is not on PATH here; submit this script on the cluster:\n  sbatch {script}\n")
         print(script.read_text(encoding="utf-8"))
         return run
-    out = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, check=False)
+    # The job's environment is this one (sbatch's default, --export=ALL): the venv's python by its path,
+    # HF_HOME, NBTRAIN_HOME, and tokens from the environment only, never written into the script.
+    out = subprocess.run(
+        [sbatch, "--parsable", f"--chdir={run.dir}", str(script)], capture_output=True, text=True, check=False
+    )
     if out.returncode != 0:
-        write_status(run.paths, "failed", error={"type": "slurm", "message": out.stderr.strip()})
+        write_status(run.paths, "failed", error={"type": "slurm", "message": f"sbatch refused the job: "
+                                                 f"{out.stderr.strip()}"})  # fmt: skip
         raise NbtrainError(f"sbatch refused {script}: {out.stderr.strip()}")
-    write_status(run.paths, "queued", slurm_job=out.stdout.strip())
-    print(f"submitted SLURM job {out.stdout.strip()} ({script})")
+    job = out.stdout.strip().split(";")[0]  # "ID" or "ID;CLUSTER"
+    write_status(run.paths, "queued", slurm_job=job, slurm=None)
+    print(f"submitted SLURM job {job} ({script})")
     return run
+
+
+def is_slurm(prep: Prepared) -> bool:
+    """The run is an sbatch job: ``slurm:`` given and no hostfile (one node too)."""
+    d = prep.resolved.config.distributed
+    return d.slurm is not None and d.hostfile is None
 
 
 def start(prep: Prepared) -> Run:
@@ -116,8 +130,7 @@ def start(prep: Prepared) -> Run:
         write_launch_files(prep.plan, final, into=building)
 
     run = create_run_dir(prep.name, prep.resolved.text, prep.to_dict(), populate)
-    d = prep.resolved.config.distributed
-    if prep.plan.nodes > 1 and d.slurm is not None and d.hostfile is None:
+    if is_slurm(prep):
         _LAST.append(run)
         return _submit_slurm(prep, run)
     try:
@@ -166,28 +179,44 @@ def resume(ref: str | Path | Run) -> Run:
     run = get_run(ref)
     _check_resumable(run)  # said first: a run that just ended may hold its lock a moment longer
     with writer_lock(run) as lock:  # held from here on: two resumes of one run cannot both go on
-        _check_resumable(run)
-        for pickled in (rewards.REWARDS_FILE, hooks.HOOKS_FILE, "function.pkl"):  # the worker loads them
-            if (run.dir / pickled).exists() or (run.dir / pickled).is_symlink():
-                check_trusted(run.dir / pickled)
-        ckpt = last_checkpoint(run, repair=True)
-        if ckpt is None:
-            raise NbtrainError(f"run {run.id} has no complete checkpoint to resume from; start it again")
-        step = int(ckpt.name.split("-")[1])
-        resolved = run.resolved
-        attempt = int(resolved.get("resume", {}).get("attempt", 1)) + 1
-        # The run directory keeps the rewards and hooks captured at start; the notebook may no longer
-        # define them.
-        prep = prepare(resolved["config"], name=run.name, capture_notebook=False)
-        check_resumed(prep, resolved, run.paths.resolved)  # the train args the worker will use, too
-        _set_aside_metrics(run, step, attempt - 1)
-        new_resolved = {**resolved, "resume": {"from": str(ckpt), "step": step, "attempt": attempt}}
-        atomic_write_json(run.paths.resolved, new_resolved)
-        write_launch_files(prep.plan, run.dir)
-        for f in ("stop", "checkpoint"):
-            run.paths.control_file(f).unlink(missing_ok=True)
-        write_status(run.paths, "queued", step=step, resumed_from=step, attempt=attempt)
+        prep = prepare_resume(run)
+        if is_slurm(prep):  # a new job, which goes on from the checkpoint
+            return _submit_slurm(prep, run)
         return _launch(prep, run, lock)
+
+
+def prepare_resume(run: Run, *, job: str | None = None) -> Prepared:
+    """Set the run up to go on from its last complete checkpoint (the caller holds its writer lock):
+    resolved.json says where from, the metrics logged after it are set aside, the control requests are
+    cleared and the state is queued. ``job``: the SLURM job that will train it (a requeued job resuming
+    itself: its previous start stopped at the time limit, which reads queued while the job requeues, so
+    the job has checked the recorded state itself)."""
+    if job is None:
+        _check_resumable(run)
+    for pickled in (rewards.REWARDS_FILE, hooks.HOOKS_FILE, "function.pkl"):  # the worker loads them
+        if (run.dir / pickled).exists() or (run.dir / pickled).is_symlink():
+            check_trusted(run.dir / pickled)
+    ckpt = last_checkpoint(run, repair=True)
+    if ckpt is None:
+        raise NbtrainError(f"run {run.id} has no complete checkpoint to resume from; start it again")
+    step = int(ckpt.name.split("-")[1])
+    resolved = run.resolved
+    attempt = int(resolved.get("resume", {}).get("attempt", 1)) + 1
+    # The run directory keeps the rewards and hooks captured at start; the notebook may no longer
+    # define them.
+    prep = prepare(resolved["config"], name=run.name, capture_notebook=False)
+    check_resumed(prep, resolved, run.paths.resolved)  # the train args the worker will use, too
+    _set_aside_metrics(run, step, attempt - 1)
+    new_resolved = {**resolved, "resume": {"from": str(ckpt), "step": step, "attempt": attempt}}
+    atomic_write_json(run.paths.resolved, new_resolved)
+    write_launch_files(prep.plan, run.dir)
+    for f in ("stop", "checkpoint"):
+        run.paths.control_file(f).unlink(missing_ok=True)
+    if job is not None:
+        write_status(run.paths, "queued", step=step, resumed_from=step, attempt=attempt, slurm_job=job)
+    else:
+        write_status(run.paths, "queued", step=step, resumed_from=step, attempt=attempt)
+    return prep
 
 
 @contextlib.contextmanager

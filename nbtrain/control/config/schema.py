@@ -232,12 +232,38 @@ class DataSettings(_Strict):
 
 
 class SlurmSettings(_Strict):
+    """``distributed: slurm:``: the run is an sbatch job (any number of nodes, one too)."""
+
     partition: str | None = None
     account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
     time: str = "04:00:00"
+    mem: str | None = None  # per node, as sbatch takes it: "32G"
     gpus_per_node: int | None = Field(None, gt=0)
     cpus_per_task: int | None = Field(None, gt=0)
+    exclusive: bool = False
+    # auto: a job that hits its time limit (or is preempted) checkpoints when SLURM warns it, is requeued and
+    # goes on from that checkpoint, at most max_requeues times; never: it stops there (resume by hand)
+    requeue: Literal["auto", "never"] = "auto"
+    max_requeues: int = Field(10, ge=0)
+    signal_before: int = Field(120, gt=0)  # seconds before the job's time limit the run stops at a checkpoint
     extra: list[str] = Field(default_factory=list)  # more "#SBATCH ..." options, written as given
+
+    @field_validator("partition", "account", "qos", "constraint", "time", "mem")
+    @classmethod
+    def _one_word(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or any(c.isspace() for c in v) or v.startswith("-")):
+            raise ValueError(f"{v!r} is not one sbatch value (no spaces, not an option)")
+        return v
+
+    @field_validator("extra")
+    @classmethod
+    def _one_line_each(cls, v: list[str]) -> list[str]:
+        for line in v:
+            if "\n" in line or "\r" in line or not line.strip().startswith("-"):
+                raise ValueError(f"{line!r}: each extra line is one sbatch option, e.g. --gres=gpu:2")
+        return v
 
 
 def _python_name(v: str) -> str:

@@ -250,7 +250,15 @@ def write_launch_files(plan: Plan, run_dir: Path, *, into: Path | None = None) -
 
 
 def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any]) -> str:
-    """An sbatch script that starts one torchrun per node, rendezvousing on the first node."""
+    """An sbatch script that starts one torchrun per node, rendezvousing on the first node's address.
+
+    ``signal_before`` seconds before the job's time limit (SLURM's EndTime, read by
+    ``python -m nbtrain.control.slurm watch`` beside the training) the run is asked to stop at a checkpoint;
+    with ``requeue: auto`` the job then requeues itself, and a requeued job first resumes the run from that
+    checkpoint (``resume-in-job``), so a run longer than its time limit is one run with one curve."""
+    run = shlex.quote(str(run_dir))
+    py = shlex.quote(sys.executable)
+    requeue = slurm.get("requeue", "auto") == "auto"
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=nbtrain-{run_dir.name}",
@@ -258,15 +266,16 @@ def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any]) -> str:
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --time={slurm.get('time', '04:00:00')}",
         f"#SBATCH --output={run_dir / 'logs' / 'slurm-%j.log'}",
+        "#SBATCH --open-mode=append",  # a requeued job's output goes on in the same log
+        "#SBATCH --requeue" if requeue else "#SBATCH --no-requeue",
     ]
-    if slurm.get("partition"):
-        lines.append(f"#SBATCH --partition={slurm['partition']}")
-    if slurm.get("account"):
-        lines.append(f"#SBATCH --account={slurm['account']}")
-    if slurm.get("gpus_per_node"):
-        lines.append(f"#SBATCH --gpus-per-node={slurm['gpus_per_node']}")
-    if slurm.get("cpus_per_task"):
-        lines.append(f"#SBATCH --cpus-per-task={slurm['cpus_per_task']}")
+    for key, opt in (("partition", "partition"), ("account", "account"), ("qos", "qos"),
+                     ("constraint", "constraint"), ("mem", "mem"), ("gpus_per_node", "gpus-per-node"),
+                     ("cpus_per_task", "cpus-per-task")):  # fmt: skip
+        if slurm.get(key):
+            lines.append(f"#SBATCH --{opt}={slurm[key]}")
+    if slurm.get("exclusive"):
+        lines.append("#SBATCH --exclusive")
     lines += [f"#SBATCH {x}" for x in slurm.get("extra", [])]
     torchrun = [
         sys.executable, "-m", "torch.distributed.run",
@@ -275,12 +284,32 @@ def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any]) -> str:
         *worker_module_args(run_dir),
     ]  # fmt: skip
     cmd = " ".join(a if a.startswith("--rdzv-") else shlex.quote(a) for a in torchrun)
+    max_requeues = int(slurm.get("max_requeues", 10))
+    job_verb = f"{py} -m nbtrain.control.slurm"
     lines += [
-        "set -euo pipefail",
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "MASTER_PORT=${MASTER_PORT:-29500}",
+        "set -uo pipefail",
+        # node 0's address as SLURM reaches it (NodeAddr), which resolves wherever SLURM runs
+        'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "MASTER_ADDR=$(scontrol show node \"$first\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p' | head -n 1)",
+        "MASTER_ADDR=${MASTER_ADDR:-$first}",
+        "MASTER_PORT=${MASTER_PORT:-$((29500 + SLURM_JOB_ID % 1000))}",
         "export MASTER_ADDR MASTER_PORT",
-        f"srun {cmd}",
-        "",
+        "restarts=${SLURM_RESTART_COUNT:-0}",
+        'if [ "$restarts" -gt 0 ]; then',
+        f"  {job_verb} resume-in-job {run}; rc=$?",
+        '  if [ "$rc" = 10 ]; then exit 0; elif [ "$rc" != 0 ]; then exit "$rc"; fi',
+        "fi",
+        f"{job_verb} watch {run} {int(slurm.get('signal_before', 120))} &",
+        "watcher=$!",
+        f"srun --kill-on-bad-exit=1 {cmd}",
+        "code=$?",
+        'kill "$watcher" 2>/dev/null',
     ]
+    if requeue:  # stopped for the time limit at a checkpoint: go on in the requeued job
+        lines += [
+            f'if [ "$code" = 0 ] && {job_verb} should-requeue {run} "$restarts" {max_requeues}; then',
+            '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
+            "fi",
+        ]
+    lines += ['exit "$code"', ""]
     return "\n".join(lines)

@@ -71,13 +71,18 @@ class RunStatus:
     # {repo, done, total, rate (bytes/s), files}.
     phase: str | None = None
     download: dict[str, Any] | None = None
+    # A SLURM run's job as SLURM has it (control/slurm.py): job, state, reason, start, nodes, words...
+    slurm: dict[str, Any] | None = None
 
     @property
     def done(self) -> bool:
         return self.state in TERMINAL_STATES
 
     def phase_text(self) -> str | None:
-        """What a starting run is doing, for a person: "downloading model org/x 3.1 / 15.2 GB, 40 MB/s"."""
+        """What a starting run is doing, for a person: "downloading model org/x 3.1 / 15.2 GB, 40 MB/s";
+        a queued SLURM run, what SLURM says: "SLURM job 12 pending (Resources)"."""
+        if self.state == "queued" and self.slurm and self.slurm.get("words"):
+            return str(self.slurm["words"])
         if self.state != "starting" or not self.phase:
             return None
         d = self.download or {}
@@ -161,6 +166,11 @@ class Run:
                 raw = self._read_status()  # it may have finished between the two reads
                 if raw.get("state") in ACTIVE_STATES:
                     raw = self._mark_lost()
+        if raw.get("slurm_job"):  # SLURM's word on the job; its end if the worker wrote none
+            from nbtrain.control import slurm
+
+            if slurm.consult(raw):
+                raw = slurm.reconcile(self.paths, raw)
         st = RunStatus(
             state=str(raw.get("state", "queued")),
             step=int(raw.get("step") or 0),
@@ -170,6 +180,7 @@ class Run:
             summary=raw.get("summary") or {},
             phase=raw.get("phase") if isinstance(raw.get("phase"), str) else None,
             download=raw.get("download") if isinstance(raw.get("download"), dict) else None,
+            slurm=raw.get("slurm") if isinstance(raw.get("slurm"), dict) else None,
         )
         return st
 
@@ -253,6 +264,9 @@ class Run:
         st = self.status()
         if st.done:
             return st
+        job = self._read_status().get("slurm_job")
+        if job:
+            return self._stop_slurm(str(job), timeout, by)
         info = launch.read_launch(self.paths)
         request_control(self.paths, "stop", by=by)
         if info is None:
@@ -274,6 +288,39 @@ class Run:
             )
         st = self.status()
         return st
+
+    def _stop_slurm(self, job_id: str, timeout: float, by: str) -> RunStatus:
+        """A pending job is cancelled; a running one stops gracefully (the control file every rank reads,
+        a checkpoint), and is cancelled after ``timeout`` seconds."""
+        from nbtrain.control import slurm
+
+        request_control(self.paths, "stop", by=by)
+        job = slurm.query(job_id, fresh=True)
+        if job is None or job.pending:
+            problem = slurm.cancel(job_id)
+            if problem and job is not None:
+                raise NbtrainError(f"scancel {job_id} failed: {problem}")
+            write_status(self.paths, "stopped", note=f"SLURM job {job_id} cancelled before it started",
+                         stop_reason=by)  # fmt: skip
+            return self.status()
+        try:
+            return follow(self.status, timeout=timeout, interval=0.5, what=f"run {self.id}")
+        except TimeoutError:
+            pass
+        problem = slurm.cancel(job_id)
+
+        def job_ended(st: RunStatus) -> bool:
+            job = slurm.query(job_id, fresh=True)
+            return st.done or job is None or job.ended
+
+        with contextlib.suppress(TimeoutError):
+            follow(self.status, ended=job_ended, timeout=60, interval=0.5, what=f"SLURM job {job_id}")
+        if self._read_status().get("state") in ACTIVE_STATES:
+            note = f"stop: SLURM job {job_id} cancelled after {timeout:g} s" + (
+                f" ({problem})" if problem else ""
+            )
+            write_status(self.paths, "stopped", note=note, stop_reason=by)
+        return self.status()
 
     def _stop_notebook_ranks(self, info: dict[str, Any], timeout: float) -> str:
         """A notebook_launcher run has no process group of its own (its ranks are the kernel's children):

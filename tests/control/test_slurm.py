@@ -1,0 +1,198 @@
+"""SLURM runs on a real cluster (tests/slurmcluster.py: munged, slurmctld and two one-CPU slurmd on this
+machine): the run's state is SLURM's, stop cancels, time limits requeue. ``make test`` installs SLURM and
+requires these tests (NBTRAIN_REQUIRE_SLURM); elsewhere a machine without SLURM skips them, saying why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import nbtrain
+from nbtrain.contract.rundir import latest_complete_checkpoint
+from nbtrain.control import slurm
+from tests.conftest import lora_yaml
+from tests.slurmcluster import Cluster, missing
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    why = missing()
+    if why is not None:
+        if os.environ.get("NBTRAIN_REQUIRE_SLURM"):
+            pytest.fail(f"the SLURM tests are required here (NBTRAIN_REQUIRE_SLURM) but {why}")
+        pytest.skip(why)
+    c = Cluster().start()
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(c.conf)
+    try:
+        yield c
+    finally:
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+        c.stop()
+
+
+def on_slurm(max_steps: int, *, nodes: int = 1, slurm_extra: str = "", save_steps: int = 5) -> str:
+    return lora_yaml(max_steps, extra=f"  save_steps: {save_steps}\n") + (
+        f"distributed:\n  strategy: {'ddp' if nodes > 1 else 'auto'}\n  nodes: {nodes}\n  num_processes: 1\n"
+        f"  slurm: {{time: '00:10:00'{slurm_extra}}}\n"
+    )
+
+
+def job_of(run: nbtrain.Run) -> str:
+    return str(json.loads(run.paths.status.read_text())["slurm_job"])
+
+
+def until(check, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {timeout:g} s")
+        time.sleep(0.3)
+
+
+def test_a_two_node_ddp_run_completes_with_falling_loss_and_reads_slurms_state_meanwhile(
+    cluster: Cluster, workdir: Path
+) -> None:
+    run = nbtrain.finetune(on_slurm(20, nodes=2), name="ddp")
+    seen = until(
+        lambda: (st := run.status()).slurm and st.slurm.get("state") == "RUNNING" and st, 60, "running"
+    )
+    assert "n[1-2]" in seen.slurm["words"] or "n1" in seen.slurm["words"]
+    st = run.wait(timeout=240)
+    assert st.state == "completed"
+    loss = run.metrics()["loss"].dropna()
+    assert loss.iloc[-3:].mean() < loss.iloc[:3].mean()
+    assert "--nodes=2" in (run.dir / "slurm.sbatch").read_text()
+
+
+def test_a_pending_job_reads_queued_with_slurms_reason_and_stop_cancels_it(
+    cluster: Cluster, workdir: Path
+) -> None:
+    blocker = cluster.run("sbatch", "--parsable", "-N2", "--wrap", "sleep 300").stdout.strip()
+    try:
+        until(lambda: blocker not in cluster.run("squeue", "-h", "-t", "PD", "-o", "%i").stdout.split(), 30,
+              "the blocker running")  # fmt: skip
+        run = nbtrain.finetune(on_slurm(10), name="pending")
+        st = until(lambda: (s := run.status()).slurm and s.slurm.get("reason") and s, 30, "a pending reason")
+        assert st.state == "queued" and st.slurm["state"] == "PENDING"
+        assert st.slurm["reason"] in ("Resources", "Priority")
+        # and, once SLURM's backfill has planned it, when it expects to start it
+        assert (st.phase_text() or "").startswith(f"SLURM job {job_of(run)} pending ({st.slurm['reason']})")
+        t = time.monotonic()
+        final = run.stop(timeout=30)
+        assert final.state == "stopped" and time.monotonic() - t < 10
+        assert job_of(run) not in cluster.jobs()
+        assert slurm.query(job_of(run), fresh=True).state == "CANCELLED"  # type: ignore[union-attr]
+    finally:
+        cluster.run("scancel", blocker, check=False)
+
+
+def test_a_job_failing_before_the_worker_starts_reads_failed_with_slurms_exit_code(
+    cluster: Cluster, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A rendezvous that cannot happen (the job's MASTER_PORT comes from this environment): torchrun exits
+    # before any worker starts, and nothing but SLURM can say what became of the run.
+    monkeypatch.setenv("MASTER_PORT", "99999999")
+    run = nbtrain.finetune(on_slurm(10), name="early-death")
+    ended = until(lambda: slurm.query(job_of(run), fresh=True).ended, 120, "the job ending")  # type: ignore[union-attr]
+    assert ended
+    t = time.monotonic()
+    st = until(lambda: (s := run.status()).done and s, 30, "the run's final state")
+    assert time.monotonic() - t < 30 and st.state == "failed"
+    err = st.error or {}
+    assert err["type"] == "slurm" and "FAILED" in err["message"] and "exit code" in err["message"]
+    assert f"slurm-{job_of(run)}.log" in err["message"]
+
+
+def test_scancel_from_outside_while_training_reads_stopped_by_slurm(cluster: Cluster, workdir: Path) -> None:
+    run = nbtrain.finetune(on_slurm(100000), name="cancelled")
+    until(lambda: run.status().step >= 3, 120, "training")
+    cluster.run("scancel", job_of(run))
+    st = until(lambda: (s := run.status()).done and s.slurm and s, 60, "stopped, with SLURM's word")
+    assert st.state == "stopped"
+    status = json.loads(run.paths.status.read_text())
+    assert status["stop_reason"] == "slurm-cancelled" and "cancelled in SLURM (scancel)" in status["note"]
+
+
+def test_stop_while_training_checkpoints_and_resume_submits_a_job_that_continues_the_curve(
+    cluster: Cluster, workdir: Path
+) -> None:
+    run = nbtrain.finetune(on_slurm(600, save_steps=5), name="resumed")
+    until(lambda: run.status().step >= 6, 120, "training")
+    first_job = job_of(run)
+    st = run.stop(timeout=60)
+    assert st.state == "stopped" and latest_complete_checkpoint(run.paths) is not None
+    stopped_at = st.step
+    resumed = nbtrain.resume(run)
+    assert job_of(resumed) != first_job
+    assert resumed.wait(timeout=240).state == "completed"
+    steps = resumed.metrics()["step"].tolist()
+    assert steps == sorted(steps) and len(steps) == len(set(steps)) and steps[-1] == 600
+    assert min(s for s in steps if s > stopped_at) <= stopped_at + 5  # from the checkpoint, not step 0
+
+
+# A notebook's callback that makes each step take 0.2 s, so a job of a one-minute limit trains a known while.
+SLOW = """
+import time
+from transformers import TrainerCallback
+
+
+class Slow(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.2)
+"""
+
+
+def test_a_run_that_hits_its_time_limit_three_times_completes_with_requeue_auto(
+    cluster: Cluster, workdir: Path
+) -> None:
+    # time: 1 minute (SLURM's least), stopped 20 s before it: ~30 s of 0.2 s steps per job, so 560 steps
+    # take at least four jobs; each requeued job resumes from the checkpoint the last one stopped at.
+    ns: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(SLOW, "<notebook cell>", "exec"), ns)
+    text = (
+        on_slurm(560, save_steps=1000, slurm_extra=", time: '1', signal_before: 20")
+        + "hooks:\n  callbacks: [Slow]\n"
+    )
+    text = text.replace("time: '00:10:00', ", "")
+    run = nbtrain.finetune(text, name="time-limits", namespace=ns)
+    st = run.wait(timeout=900)
+    assert st.state == "completed", run.failure_report(st)
+    job = slurm.query(job_of(run), fresh=True)
+    assert job is not None and job.restarts >= 3, job
+    steps = run.metrics()["step"].tolist()
+    assert steps == list(range(1, 561)), [s for s in steps if steps.count(s) > 1][:5]  # none trained twice
+    log = (run.dir / "logs" / f"slurm-{job_of(run)}.log").read_text()
+    assert log.count("the run stops at a checkpoint") >= 3 and log.count("resuming") >= 3
+
+
+def test_the_cluster_leaves_no_daemon_job_or_folder_behind() -> None:
+    why = missing()
+    if why is not None:
+        if os.environ.get("NBTRAIN_REQUIRE_SLURM"):
+            pytest.fail(why)
+        pytest.skip(why)
+    c = Cluster().start()
+    pids = [p.pid for p in c.procs]
+    job = c.run("sbatch", "--parsable", "--wrap", "sleep 600").stdout.strip()
+    until(lambda: job in c.run("squeue", "-h", "-t", "R", "-o", "%i").stdout.split(), 30, "the job running")
+    c.stop()
+    assert not c.root.exists()
+    alive = [p for p in pids if Path(f"/proc/{p}").exists()]
+    assert alive == []
+    left = subprocess.run(["pgrep", "-f", str(c.root)], capture_output=True, text=True).stdout.split()
+    assert left == [], left

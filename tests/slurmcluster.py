@@ -1,0 +1,204 @@
+"""A real SLURM cluster on this machine for the tests: Debian's slurm-wlm and munge (``make slurm``
+installs them), one munged, one slurmctld and two slurmd (n1, n2, one CPU each, NodeAddr 127.0.0.1), with
+every file -- the munge key and socket, slurm.conf, state, spool, logs -- in one temporary folder. Clients
+find it through ``SLURM_CONF``. ``stop()`` cancels every job it ran and stops exactly the daemons it
+started, then removes the folder.
+
+    python -m tests.slurmcluster     # start one, print its SLURM_CONF, wait for Ctrl-C
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel")
+
+
+def missing() -> str | None:
+    """Why a cluster cannot start here (None: it can)."""
+    lacking = [d for d in DAEMONS if _which(d) is None]
+    if lacking:
+        return (
+            f"SLURM is not installed ({', '.join(lacking)} missing): make slurm installs Debian's slurm-wlm "
+            "and munge (root with apt-get), or run: sudo apt-get install -y slurm-wlm munge"
+        )
+    if os.getuid() != 0:
+        return "the test cluster's daemons run as root (SlurmUser=root); run the SLURM tests as root"
+    return None
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or next(
+        (str(p) for d in ("/usr/sbin", "/sbin") if (p := Path(d) / name).exists()), None
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="nbtrain-slurm-"))
+        self.root.chmod(0o711)  # munged (user munge) reaches its own folder inside
+        self.conf = self.root / "slurm.conf"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    # ------------------------------------------------------------------------------------ start
+    def start(self, timeout: float = 60.0) -> Cluster:
+        try:
+            self._munge()
+            self._write_conf()
+            for argv, log in (
+                ([_which("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld.out"),
+                ([_which("slurmd"), "-D", "-N", "n1", "-f", str(self.conf)], "slurmd-n1.out"),
+                ([_which("slurmd"), "-D", "-N", "n2", "-f", str(self.conf)], "slurmd-n2.out"),
+            ):
+                self._spawn([str(a) for a in argv], log)
+            self._wait_idle(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, argv: list[str], log: str, **kw: object) -> None:
+        with open(self.root / log, "wb") as out:
+            self.procs.append(
+                subprocess.Popen(  # type: ignore[call-overload]
+                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True, env=self.env, **kw,
+                )
+            )  # fmt: skip
+
+    def _munge(self) -> None:
+        m = self.root / "munge"
+        m.mkdir()
+        m.chmod(0o711)  # munged: the socket's folder is traversable by all (clients reach the socket)
+        key = m / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        key.chmod(0o400)
+        user = pwd.getpwnam("munge")
+        for p in (m, key):
+            os.chown(p, user.pw_uid, user.pw_gid)
+        self.munge_socket = m / "munge.socket.2"
+        argv = [_which("munged"), "-F", f"--socket={self.munge_socket}", f"--key-file={key}",
+                f"--log-file={m / 'munged.log'}", f"--pid-file={m / 'munged.pid'}",
+                f"--seed-file={m / 'munged.seed'}"]  # fmt: skip
+        self._spawn([str(a) for a in argv], "munged.out", user=user.pw_uid, group=user.pw_gid)
+        deadline = time.monotonic() + 20
+        while not self.munge_socket.exists():
+            if self.procs[-1].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"munged did not start: {(self.root / 'munged.out').read_text()}")
+            time.sleep(0.1)
+
+    def _write_conf(self) -> None:
+        host = socket.gethostname().split(".")[0]
+        r = self.root
+        (r / "state").mkdir()
+        (r / "spool").mkdir()
+        lines = [
+            "ClusterName=nbtraintest",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={_free_port()}",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            # cred_expire: how long a requeued job waits before it may start again (SLURM default 120 s)
+            f"AuthInfo=socket={self.munge_socket},cred_expire=5",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={r / 'state'}",
+            f"SlurmdSpoolDir={r / 'spool'}/%n",
+            f"SlurmctldPidFile={r / 'slurmctld.pid'}",
+            f"SlurmdPidFile={r / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={r / 'slurmctld.log'}",
+            f"SlurmdLogFile={r / 'slurmd-%n.log'}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU",
+            "SchedulerType=sched/backfill",
+            "SchedulerParameters=sched_interval=2,bf_interval=2",  # a requeued job starts soon after its wait
+            "SlurmdParameters=config_overrides",
+            "ReturnToService=2",
+            "MpiDefault=none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "MinJobAge=600",
+            "KillWait=10",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=30",
+            "PropagateResourceLimits=NONE",
+            f"NodeName=n1 NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 State=UNKNOWN",
+            f"NodeName=n2 NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 State=UNKNOWN",
+            "PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP",
+        ]
+        self.conf.write_text("\n".join(lines) + "\n")
+
+    def _wait_idle(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        out = ""
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"a SLURM daemon exited ({p.args!r}); see {self.root}")
+            r = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
+            out = r.stdout
+            states = dict(line.split() for line in out.splitlines() if line.strip())
+            if states.get("n1") == "idle" and states.get("n2") == "idle":
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"the SLURM nodes did not become idle in {timeout:g} s: {out!r}; see {self.root}")
+
+    # ------------------------------------------------------------------------------------- use
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(_which(argv[0]) or argv[0]), *argv[1:]], capture_output=True, text=True, env=self.env,
+            check=check, timeout=60,
+        )  # fmt: skip
+
+    def jobs(self) -> list[str]:
+        return self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+
+    # ------------------------------------------------------------------------------------- stop
+    def stop(self) -> None:
+        if self.conf.exists() and self.procs:
+            for job in self.jobs():
+                self.run("scancel", job, check=False)
+            deadline = time.monotonic() + 30
+            while self.jobs() and time.monotonic() < deadline:
+                time.sleep(0.3)
+        for p in reversed(self.procs):  # slurmd, slurmctld, then munged
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(timeout=10)
+        self.procs.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
+    c = Cluster().start()
+    print(f"export SLURM_CONF={c.conf}", flush=True)
+    try:
+        signal.pause()
+    finally:
+        c.stop()
