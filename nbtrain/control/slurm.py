@@ -258,6 +258,50 @@ def job_log(paths: RunPaths, job_id: str) -> Path | None:
     return log if log.exists() else None
 
 
+# ------------------------------------------------------------------------------------ shared storage
+LOCAL_FILESYSTEMS = {
+    "ext2",
+    "ext3",
+    "ext4",
+    "xfs",
+    "btrfs",
+    "tmpfs",
+    "overlay",
+    "zfs",
+    "f2fs",
+    "vfat",
+    "ramfs",
+}
+
+
+def filesystem(path: Path) -> str:
+    """The type of the filesystem holding ``path`` (the longest mount point above it in /proc/mounts)."""
+    try:
+        mounts = Path("/proc/mounts").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    real, best, kind = str(path.resolve()), "", ""
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3:
+            point = parts[1].replace("\\040", " ")
+            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                best, kind = point, parts[2]
+    return kind
+
+
+def storage_note(run_dir: Path, nodes: int) -> str | None:
+    """A warning when a run of several nodes keeps its directory on a filesystem only this machine has."""
+    kind = filesystem(run_dir)
+    if nodes < 2 or kind not in LOCAL_FILESYSTEMS:
+        return None
+    return (
+        f"nbtrain: the run directory {run_dir} is on a local filesystem ({kind}); every node of the job must "
+        "see it. Unless all the nodes are this machine, set NBTRAIN_RUNS_DIR to a folder on storage the "
+        "nodes share (NFS, Lustre, GPFS, BeeGFS...)"
+    )
+
+
 # --------------------------------------------------------------------------------------- stopping
 def cancel(job_id: str, *, signal: str | None = None) -> str:
     """``scancel`` the job (or send it ``signal``); returns what scancel said ("" when all went well)."""

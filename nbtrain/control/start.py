@@ -31,6 +31,7 @@ from nbtrain.contract.rundir import (
     read_jsonl,
     write_status,
 )
+from nbtrain.control import slurm
 from nbtrain.control.plan.distributed import (
     free_port,
     node_argv,
@@ -77,6 +78,8 @@ def _submit_slurm(prep: Prepared, run: Run) -> Run:
     assert d.slurm is not None
     script = run.dir / "slurm.sbatch"
     script.write_text(slurm_script(prep.plan, run.dir, d.slurm.model_dump()), encoding="utf-8")
+    if (note := slurm.storage_note(run.dir, prep.plan.nodes)) is not None:
+        print(note)
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         write_status(run.paths, "queued", note=f"sbatch not found: submit {script} on the cluster")
@@ -95,6 +98,40 @@ def _submit_slurm(prep: Prepared, run: Run) -> Run:
     job = out.stdout.strip().split(";")[0]  # "ID" or "ID;CLUSTER"
     write_status(run.paths, "queued", slurm_job=job, slurm=None)
     print(f"submitted SLURM job {job} ({script})")
+    return run
+
+
+def allocation() -> tuple[str, int] | None:
+    """The SLURM allocation this process runs in (a notebook started by salloc or JupyterHub's
+    batchspawner): its job id and number of nodes."""
+    job = os.environ.get("SLURM_JOB_ID")
+    nodes = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
+    return (job, int(nodes)) if job and nodes.isdigit() else None
+
+
+def _start_in_allocation(prep: Prepared, run: Run, job: str, nodes: int) -> Run:
+    """Inside an allocation: the run's script starts here (bash, detached like any launcher) and srun
+    places its ranks on the allocation's nodes, instead of a new job waiting in the queue. The worker
+    takes the run's lock itself (a lock does not travel through srun); stop is the local one."""
+    if prep.plan.nodes > nodes:
+        raise NbtrainError(
+            f"nodes: {prep.plan.nodes}, but this notebook's SLURM allocation (job {job}) has {nodes} "
+            f"node(s); ask for nodes: {nodes} or less, or start the notebook outside the allocation to "
+            "submit a job"
+        )
+    d = prep.resolved.config.distributed
+    assert d.slurm is not None
+    script = run.dir / "slurm.sbatch"
+    script.write_text(
+        slurm_script(prep.plan, run.dir, d.slurm.model_dump(), allocation=True), encoding="utf-8"
+    )
+    result = spawn(run.paths, [("launcher.log", ["/bin/bash", str(script)])], worker_env(prep.plan.gpus))
+    if isinstance(result, LaunchFailed):
+        write_status(run.paths, "failed", error={"type": "launch", "message": result.reason})
+        raise NbtrainError(f"run {run.id} could not start: {result.reason}")
+    write_status(run.paths, "queued", slurm_allocation=job)
+    print(f"nbtrain: inside SLURM allocation {job}: the run's ranks start with srun on its nodes")
+    _LAST.append(run)
     return run
 
 
@@ -131,6 +168,8 @@ def start(prep: Prepared) -> Run:
 
     run = create_run_dir(prep.name, prep.resolved.text, prep.to_dict(), populate)
     if is_slurm(prep):
+        if (inside := allocation()) is not None:
+            return _start_in_allocation(prep, run, *inside)
         _LAST.append(run)
         return _submit_slurm(prep, run)
     try:
@@ -181,6 +220,8 @@ def resume(ref: str | Path | Run) -> Run:
     with writer_lock(run) as lock:  # held from here on: two resumes of one run cannot both go on
         prep = prepare_resume(run)
         if is_slurm(prep):  # a new job, which goes on from the checkpoint
+            if (inside := allocation()) is not None:
+                return _start_in_allocation(prep, run, *inside)
             return _submit_slurm(prep, run)
         return _launch(prep, run, lock)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,9 +67,11 @@ def until(check, timeout: float, what: str):  # type: ignore[no-untyped-def]
 
 
 def test_a_two_node_ddp_run_completes_with_falling_loss_and_reads_slurms_state_meanwhile(
-    cluster: Cluster, workdir: Path
+    cluster: Cluster, workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = nbtrain.finetune(on_slurm(20, nodes=2), name="ddp")
+    if slurm.filesystem(run.dir) in slurm.LOCAL_FILESYSTEMS:  # the nodes are this machine here
+        assert "set NBTRAIN_RUNS_DIR to a folder on storage the nodes share" in capsys.readouterr().out
     seen = until(
         lambda: (st := run.status()).slurm and st.slurm.get("state") == "RUNNING" and st, 60, "running"
     )
@@ -143,6 +147,37 @@ def test_stop_while_training_checkpoints_and_resume_submits_a_job_that_continues
     steps = resumed.metrics()["step"].tolist()
     assert steps == sorted(steps) and len(steps) == len(set(steps)) and steps[-1] == 600
     assert min(s for s in steps if s > stopped_at) <= stopped_at + 5  # from the checkpoint, not step 0
+
+
+INSIDE = """
+import json, sys
+import nbtrain
+run = nbtrain.finetune(sys.argv[1], name="allocated")
+st = run.wait(timeout=300)
+print(json.dumps({"state": st.state, "status": json.loads(run.paths.status.read_text()),
+                  "launch": run.paths.launch.exists(), "loss": run.metrics()["loss"].dropna().tolist()}))
+"""
+
+
+def test_inside_an_allocation_the_run_starts_with_srun_on_its_nodes_instead_of_a_new_job(
+    cluster: Cluster, workdir: Path
+) -> None:
+    # As a notebook started by salloc (or batchspawner) is: SLURM_JOB_ID and the allocation's nodes set.
+    (workdir / "inside.py").write_text(INSIDE)
+    salloc = shutil.which("salloc") or "salloc"
+    out = subprocess.run(
+        [salloc, "-N2", sys.executable, "inside.py", on_slurm(20, nodes=2)],
+        cwd=workdir, env=cluster.env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["state"] == "completed" and got["launch"]  # started here, as a local launcher
+    assert "slurm_allocation" in got["status"] and "slurm_job" not in got["status"]
+    assert got["loss"][-1] < got["loss"][0]
+    assert "inside SLURM allocation" in out.stdout
+    allocation = got["status"]["slurm_allocation"]
+    assert slurm.query(allocation, fresh=True).state == "COMPLETED"  # type: ignore[union-attr]
+    assert cluster.jobs() == []  # no job of its own was queued
 
 
 # A notebook's callback that makes each step take 0.2 s, so a job of a one-minute limit trains a known while.

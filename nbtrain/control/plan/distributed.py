@@ -249,16 +249,19 @@ def write_launch_files(plan: Plan, run_dir: Path, *, into: Path | None = None) -
         (into / "accelerate.yaml").write_text(text, encoding="utf-8")
 
 
-def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any]) -> str:
+def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any], *, allocation: bool = False) -> str:
     """An sbatch script that starts one torchrun per node, rendezvousing on the first node's address.
 
     ``signal_before`` seconds before the job's time limit (SLURM's EndTime, read by
     ``python -m nbtrain.control.slurm watch`` beside the training) the run is asked to stop at a checkpoint;
     with ``requeue: auto`` the job then requeues itself, and a requeued job first resumes the run from that
-    checkpoint (``resume-in-job``), so a run longer than its time limit is one run with one curve."""
+    checkpoint (``resume-in-job``), so a run longer than its time limit is one run with one curve.
+
+    ``allocation``: the script runs with ``bash`` inside an allocation the notebook already has (salloc,
+    batchspawner): srun uses its nodes, and the allocation is never requeued."""
     run = shlex.quote(str(run_dir))
     py = shlex.quote(sys.executable)
-    requeue = slurm.get("requeue", "auto") == "auto"
+    requeue = slurm.get("requeue", "auto") == "auto" and not allocation
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=nbtrain-{run_dir.name}",
@@ -294,14 +297,14 @@ def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any]) -> str:
         "MASTER_ADDR=${MASTER_ADDR:-$first}",
         "MASTER_PORT=${MASTER_PORT:-$((29500 + SLURM_JOB_ID % 1000))}",
         "export MASTER_ADDR MASTER_PORT",
-        "restarts=${SLURM_RESTART_COUNT:-0}",
+        f"restarts={0 if allocation else '${SLURM_RESTART_COUNT:-0}'}",
         'if [ "$restarts" -gt 0 ]; then',
         f"  {job_verb} resume-in-job {run}; rc=$?",
         '  if [ "$rc" = 10 ]; then exit 0; elif [ "$rc" != 0 ]; then exit "$rc"; fi',
         "fi",
         f"{job_verb} watch {run} {int(slurm.get('signal_before', 120))} &",
         "watcher=$!",
-        f"srun --kill-on-bad-exit=1 {cmd}",
+        f"srun --kill-on-bad-exit=1 --nodes={plan.nodes} --ntasks-per-node=1 {cmd}",
         "code=$?",
         'kill "$watcher" 2>/dev/null',
     ]
