@@ -292,3 +292,28 @@ def python() -> str:
 
 def env_with(**kv: str) -> dict[str, str]:
     return {**os.environ, **kv}
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Any]:
+    """A real SLURM cluster on this machine for the session (tests/slurmcluster.py), its SLURM_CONF in the
+    environment of this process and of what it starts (a JupyterLab started after it, too). Under make test
+    (NBTRAIN_REQUIRE_SLURM) a machine without SLURM fails the tests that use it; elsewhere they skip."""
+    from tests.slurmcluster import Cluster, missing
+
+    why = missing()
+    if why is not None:
+        if os.environ.get("NBTRAIN_REQUIRE_SLURM"):
+            pytest.fail(f"the SLURM tests are required here (NBTRAIN_REQUIRE_SLURM) but {why}")
+        pytest.skip(why)
+    c = Cluster().start()
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(c.conf)
+    try:
+        yield c
+    finally:
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+        c.stop()

@@ -47,6 +47,7 @@ class Job:
     limit: str = ""
     restarts: int = 0
     end: str = ""  # when it ends (or is due to end: start + time limit), SLURM's local time
+    position: int = 0  # while pending: its place among its partition's pending jobs, by priority (1: next)
 
     @property
     def pending(self) -> bool:
@@ -59,7 +60,7 @@ class Job:
     def shown(self) -> dict[str, Any]:
         """What a person is shown of it (status readers, the sidebar)."""
         out: dict[str, Any] = {"job": self.id, "state": self.state, "words": self.words()}
-        for k in ("reason", "exit_code", "nodes", "start", "elapsed", "limit"):
+        for k in ("reason", "exit_code", "nodes", "start", "elapsed", "limit", "position"):
             if getattr(self, k):
                 out[k] = getattr(self, k)
         return out
@@ -68,8 +69,9 @@ class Job:
         """One line: "SLURM job 12 pending (Resources), expected to start 2026-12-05T08:00:00"."""
         if self.pending:
             why = f" ({self.reason})" if self.reason else ""
-            when = f", expected to start {self.start}" if self.start else ""
-            return f"SLURM job {self.id} pending{why}{when}"
+            place = f", position {self.position} in the queue" if self.position else ""
+            when = f", expected to start {_when(self.start)}" if self.start else ""
+            return f"SLURM job {self.id} pending{why}{place}{when}"
         if not self.ended:
             lim = f" of {self.limit}" if self.limit else ""
             return f"SLURM job {self.id} running on {self.nodes or '?'} for {self.elapsed or '?'}{lim}"
@@ -77,6 +79,18 @@ class Job:
         why = f", {self.reason}" if self.reason else ""
         on = f" on {self.nodes}" if self.nodes else ""
         return f"SLURM job {self.id} ended {self.state}{on}{code}{why}"
+
+
+def _when(stamp: str) -> str:
+    """SLURM's local time for a person: "at 08:10" today, "on 2026-12-06 at 08:10" another day."""
+    from datetime import datetime
+
+    try:
+        t = datetime.fromisoformat(stamp)
+    except ValueError:
+        return stamp
+    at = f"at {t:%H:%M}"
+    return at if t.date() == datetime.now().date() else f"on {t:%Y-%m-%d} {at}"
 
 
 def _cmd(name: str) -> str:
@@ -136,7 +150,16 @@ def _scontrol(job_id: str) -> Job | None:
         limit=_known(f.get("TimeLimit", "")),
         restarts=int(f.get("Restarts", "0") or 0),
         end=_known(f.get("EndTime", "")),
+        position=_position(job_id, f.get("Partition", "")) if state == "PENDING" else 0,
     )
+
+
+def _position(job_id: str, partition: str) -> int:
+    """The job's place among the pending jobs of its partition, highest priority first (0: unknown)."""
+    argv = [_cmd("squeue"), "-h", "-t", "PD", "--sort=-p,i", "-o", "%i"]
+    out = _run([*argv, "-p", partition] if partition else argv)
+    ids = out.stdout.split() if out.returncode == 0 else []
+    return ids.index(job_id) + 1 if job_id in ids else 0
 
 
 def _sacct(job_id: str) -> Job | None:

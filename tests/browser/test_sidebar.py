@@ -188,3 +188,37 @@ def test_sidebar_lists_groups_filters_stops_resumes_and_deletes_runs(
     assert status_file["state"] == "stopped" and status_file["stop_reason"] == "sidebar"
     assert (tmp_path / "runs" / ".trash" / "20250101-000001-done-beef" / "status.json").is_file()
     assert not (tmp_path / "runs" / "20250101-000001-done-beef").exists()
+
+
+def test_a_queued_slurm_run_shows_slurms_reason_and_place_and_stop_cancels_its_job(
+    slurm_cluster: Any, lab: tuple[str, str], workdir: Path, shots: Path
+) -> None:
+    # slurm_cluster before lab: the lab's server asks the same cluster (SLURM_CONF in its environment).
+    from playwright.sync_api import expect
+
+    import nbtrain
+    from tests.conftest import lora_yaml
+
+    blocker = slurm_cluster.run(
+        "sbatch", "--parsable", "-N2", "--time=5", "--wrap", "sleep 300"
+    ).stdout.strip()
+    try:
+        text = lora_yaml(10) + "distributed:\n  slurm: {time: '00:10:00'}\n"
+        run = nbtrain.finetune(text, name="on-the-cluster")
+        job = json.loads(run.paths.status.read_text())["slurm_job"]
+        with lab_page(lab, "lab", {"width": 1280, "height": 800}) as (_, page, errors):
+            page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click(timeout=60_000)
+            card = page.locator(f'.nbtrain-run[data-run-id="{run.id}"]')
+            expect(card.locator(".nbtrain-state")).to_have_text("queued", timeout=30_000)
+            expect(card.locator(".nbtrain-steps")).to_contain_text(
+                re.compile(rf"SLURM job {job} pending \((Resources|Priority)\), position 1 in the queue"),
+                timeout=30_000,
+            )
+            page.locator("#nbtrain-runs").screenshot(path=str(shots / "slurm-queued.png"))
+            card.locator(".nbtrain-stop").click()
+            expect(card.locator(".nbtrain-state")).to_have_text("stopped", timeout=30_000)
+            page.locator("#nbtrain-runs").screenshot(path=str(shots / "slurm-stopped.png"))
+            assert not errors, errors
+        assert job not in slurm_cluster.jobs()
+    finally:
+        slurm_cluster.run("scancel", blocker, check=False)

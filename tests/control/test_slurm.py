@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,24 +23,9 @@ from tests.slurmcluster import Cluster, missing
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    why = missing()
-    if why is not None:
-        if os.environ.get("NBTRAIN_REQUIRE_SLURM"):
-            pytest.fail(f"the SLURM tests are required here (NBTRAIN_REQUIRE_SLURM) but {why}")
-        pytest.skip(why)
-    c = Cluster().start()
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(c.conf)
-    try:
-        yield c
-    finally:
-        if old is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old
-        c.stop()
+@pytest.fixture
+def cluster(slurm_cluster: Cluster) -> Cluster:
+    return slurm_cluster
 
 
 def on_slurm(max_steps: int, *, nodes: int = 1, slurm_extra: str = "", save_steps: int = 5) -> str:
@@ -93,7 +77,8 @@ def test_a_pending_job_reads_queued_with_slurms_reason_and_stop_cancels_it(
         run = nbtrain.finetune(on_slurm(10), name="pending")
         st = until(lambda: (s := run.status()).slurm and s.slurm.get("reason") and s, 30, "a pending reason")
         assert st.state == "queued" and st.slurm["state"] == "PENDING"
-        assert st.slurm["reason"] in ("Resources", "Priority")
+        assert st.slurm["reason"] in ("Resources", "Priority") and st.slurm["position"] == 1
+        assert "position 1 in the queue" in st.slurm["words"]
         # and, once SLURM's backfill has planned it, when it expects to start it
         assert (st.phase_text() or "").startswith(f"SLURM job {job_of(run)} pending ({st.slurm['reason']})")
         t = time.monotonic()
