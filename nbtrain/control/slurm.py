@@ -109,6 +109,8 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z/:]*)=(\S*)")
 _cache: dict[str, tuple[float, Job | None]] = {}
+_down: dict[str, tuple[float, SlurmUnavailable]] = {}
+DOWN_CACHE_S = 30.0  # after SLURM did not answer for a job, how long its status reads say so without asking
 
 
 def _known(value: str) -> str:
@@ -122,9 +124,17 @@ def query(job_id: str, *, fresh: bool = False) -> Job | None:
     hit = _cache.get(job_id)
     if hit is not None and not fresh and now - hit[0] < CACHE_S:
         return hit[1]
-    job = _scontrol(job_id)
-    if job is None:
-        job = _sacct(job_id)
+    down = _down.get(job_id)
+    if down is not None and not fresh and now - down[0] < DOWN_CACHE_S:
+        raise down[1]  # slurmctld did not answer just now: the list and the sidebar do not wait on it again
+    try:
+        job = _scontrol(job_id)
+        if job is None:
+            job = _sacct(job_id)
+    except SlurmUnavailable as e:
+        _down[job_id] = (now, e)
+        raise
+    _down.pop(job_id, None)
     _cache[job_id] = (now, job)
     return job
 

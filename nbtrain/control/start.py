@@ -135,6 +135,30 @@ def _start_in_allocation(prep: Prepared, run: Run, job: str, nodes: int) -> Run:
     return run
 
 
+def _cluster_cap_refusal(prep: Prepared) -> str | None:
+    """A course preset's max_runs_at_once: this student's runs queued or running on the cluster."""
+    presets = prep.preset.chain() if prep.preset is not None else []
+    capped = [p for p in presets if p.max_runs_at_once is not None]
+    if not capped:
+        return None
+    cap = min(capped, key=lambda p: p.max_runs_at_once or 0)
+    on_cluster = []
+    for run in all_runs():
+        try:
+            job = json.loads(run.paths.status.read_text(encoding="utf-8")).get("slurm_job")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if job and not run.status().done:
+            on_cluster.append(f"{run.name} (SLURM job {job})")
+    if len(on_cluster) < (cap.max_runs_at_once or 0):
+        return None
+    return (
+        f"not started: {cap.where} allows {cap.max_runs_at_once} run(s) on the cluster at once (rule "
+        f"'max_runs_at_once'), and these are queued or running: {', '.join(on_cluster)}; stop one (or let it "
+        "finish) first"
+    )
+
+
 def is_slurm(prep: Prepared) -> bool:
     """The run is an sbatch job: ``slurm:`` given and no hostfile (one node too)."""
     d = prep.resolved.config.distributed
@@ -148,7 +172,7 @@ def start(prep: Prepared) -> Run:
     checkpoint, that run is resumed instead of starting over. A run the estimate says cannot fit is
     refused before anything is written, naming the smallest change that would fit.
     """
-    refusal = launch_refusal(prep)
+    refusal = launch_refusal(prep) or (_cluster_cap_refusal(prep) if is_slurm(prep) else None)
     if refusal is not None:
         raise NbtrainError(refusal)
     if prep.resolved.config.resume == "auto":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -134,6 +135,27 @@ def test_stop_while_training_checkpoints_and_resume_submits_a_job_that_continues
     assert min(s for s in steps if s > stopped_at) <= stopped_at + 5  # from the checkpoint, not step 0
 
 
+def test_a_course_preset_sends_student_runs_to_the_cluster_and_caps_their_runs_at_once(
+    cluster: Cluster, workdir: Path
+) -> None:
+    (workdir / "nbtrain.lab.yaml").write_text(
+        "course: Fine-tuning 101\nslurm: {partition: debug, time: '00:05:00'}\nmax_runs_at_once: 1\n"
+    )
+    blocker = cluster.run("sbatch", "--parsable", "-N2", "--time=5", "--wrap", "sleep 300").stdout.strip()
+    try:
+        first = nbtrain.finetune(lora_yaml(10), name="student")  # the config says nothing of SLURM
+        st = until(lambda: (s := first.status()).slurm and s.slurm.get("position") and s, 30, "a queue place")
+        assert st.state == "queued" and re.search(r"position \d+ in the queue", st.phase_text() or "")
+        with pytest.raises(nbtrain.NbtrainError, match=r"allows 1 run\(s\) on the cluster at once .*student"):
+            nbtrain.finetune(lora_yaml(10), name="second")
+        first.stop(timeout=30)
+        second = nbtrain.finetune(lora_yaml(10), name="second")
+        assert job_of(second) != job_of(first)
+        second.stop(timeout=30)
+    finally:
+        cluster.run("scancel", blocker, check=False)
+
+
 INSIDE = """
 import json, sys
 import nbtrain
@@ -216,3 +238,25 @@ def test_the_cluster_leaves_no_daemon_job_or_folder_behind() -> None:
     assert alive == []
     left = subprocess.run(["pgrep", "-f", str(c.root)], capture_output=True, text=True).stdout.split()
     assert left == [], left
+
+
+def test_a_cluster_that_does_not_answer_is_said_and_not_asked_again_on_every_status_read(
+    cluster: Cluster, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real scontrol, logged, against a configuration that names no reachable slurmctld (and no sbatch
+    # on PATH: the run's script is written, not submitted).
+    real = shutil.which("scontrol")
+    bin_ = workdir / "bin"
+    bin_.mkdir()
+    calls = workdir / "calls"
+    (bin_ / "scontrol").write_text(f'#!/bin/sh\necho x >> {calls}\nexec {real} "$@"\n')
+    (bin_ / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_))
+    monkeypatch.setenv("SLURM_CONF", str(workdir / "no-such-slurm.conf"))
+    run = nbtrain.finetune(lora_yaml(5) + "distributed:\n  slurm: {}\n", name="offline")  # no sbatch: written
+    status = json.loads(run.paths.status.read_text())
+    run.paths.status.write_text(json.dumps({**status, "slurm_job": "4242"}))
+    first, second = run.status(), run.status()
+    assert first.state == second.state == "queued"
+    assert "unavailable" in (first.slurm or {}) and "unavailable" in (second.slurm or {})
+    assert calls.read_text().count("x") == 1  # the second read did not ask again

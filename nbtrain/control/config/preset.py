@@ -15,6 +15,10 @@
     data: {train: data/pref.jsonl}          # fixed: a config without data: (or one of its keys) gets it
     trust_remote_code: false                # the default: a model's own Python code never runs
     required: true                          # the rules follow the student out of this folder
+    slurm: {partition: class, qos: students, account: fin101, time: "00:30:00"}   # every run on the cluster
+    max_gpus: 1                             # per run: slurm gpus_per_node x nodes
+    max_time: "01:00:00"                    # per run: its slurm time limit (SLURM's formats)
+    max_runs_at_once: 1                     # a student's runs queued or running on the cluster at once
 
 Every rule is optional. A config outside a rule is refused by ``nbtrain.prepare`` (so by ``%%finetune``,
 the CLI and the panel) before anything is written, with one ConfigError listing every violation: the
@@ -29,6 +33,10 @@ Model globs match whole path parts (``*`` never crosses a ``/``), against the mo
 ``$NBTRAIN_HOME/courses.json``), and its rules apply wherever the student works, also beside another
 preset or an empty ``$NBTRAIN_PRESET``. If its file disappears, nothing starts until it is back or the
 student leaves the course on purpose (``leave_course``); an instructor who drops ``required`` releases it.
+
+``slurm:`` routes every run of the course to SLURM: a config without ``distributed: slurm:`` gets these
+settings, and one that names another partition, account or QOS is refused (its time, GPUs and the rest it
+may set within the caps). Students see their place in the queue in the cell, the list and the sidebar.
 
 A preset is a guard rail for a course, not a sandbox: it shapes what the notebook surfaces start; a
 student who writes their own training loop is outside it.
@@ -89,6 +97,10 @@ class Preset(BaseModel):
     data: dict[str, Any] | None = None  # in the file: a mapping of data: keys, or the train: path alone
     trust_remote_code: bool = False  # whether a config may run a model's own Python code
     required: bool = False  # the rules follow the student everywhere once seen (courses.json)
+    slurm: dict[str, Any] | None = None  # sbatch settings every run of the course gets (distributed: slurm:)
+    max_gpus: int | None = Field(None, gt=0)  # per run, on the cluster: gpus_per_node x nodes
+    max_time: str | None = None  # per run, on the cluster: its time limit, in SLURM's formats
+    max_runs_at_once: int | None = Field(None, gt=0)  # a student's runs queued or running on the cluster
     source: Path = Field(default=Path(PRESET_FILE), exclude=True)
     # Required course presets that apply as well as this one (find_preset fills it): see chain()
     _also: list[Preset] = PrivateAttr(default_factory=list)
@@ -105,6 +117,23 @@ class Preset(BaseModel):
             raise ValueError(f"data: may fix {', '.join(DATA_KEYS)}; not {', '.join(map(str, unknown))}")
         if "train" not in v and "eval" not in v:
             raise ValueError("data: fixes at least train: (the dataset every student trains on)")
+        return v
+
+    @field_validator("slurm")
+    @classmethod
+    def _slurm_ok(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        from nbtrain.control.config.schema import SlurmSettings
+
+        SlurmSettings.model_validate(v)  # the keys and values distributed: slurm: takes
+        return dict(v)
+
+    @field_validator("max_time")
+    @classmethod
+    def _time_ok(cls, v: Any) -> Any:
+        if v is not None and slurm_seconds(v) is None:
+            raise ValueError(f"max_time {v!r} is not a SLURM time (minutes, HH:MM:SS, D-HH:MM...)")
         return v
 
     # ------------------------------------------------------------------------------------ reading
@@ -156,6 +185,12 @@ class Preset(BaseModel):
                 )
         if self.seed is not None:
             out.append(f"seed: {self.seed} (fixed)")
+        if self.slurm is not None:
+            out.append("runs go to SLURM: " + ", ".join(f"{k} {v}" for k, v in self.slurm.items()))
+        for key, what in (("max_gpus", "GPUs per run"), ("max_time", "time per run"),
+                          ("max_runs_at_once", "runs on the cluster at once")):  # fmt: skip
+            if getattr(self, key) is not None:
+                out.append(f"{key}: at most {getattr(self, key)} {what}")
         for k, v in (self.data or {}).items():
             out.append(f"data.{k}: {v} (fixed)")
         out.append(f"trust_remote_code: {'allowed' if self.trust_remote_code else 'not allowed'}")
@@ -172,6 +207,12 @@ class Preset(BaseModel):
 
     def _fill_one(self, raw: Mapping[Any, Any]) -> dict[Any, Any]:
         out = dict(raw)
+        dist = out.get("distributed")
+        if self.slurm is not None and (dist is None or isinstance(dist, dict)):
+            dist = dict(dist or {})
+            own = dist.get("slurm")
+            dist["slurm"] = {**self.slurm, **own} if isinstance(own, dict) else own or dict(self.slurm)
+            out["distributed"] = dist
         if self.data is not None:
             data = out.get("data")
             if data is None:
@@ -250,6 +291,7 @@ class Preset(BaseModel):
             )
         items += self._remote_code_problems(raw, train)
         items += self._distributed_problems(dist)
+        items += self._slurm_problems(dist)
         seed = train.get("seed")
         if self.seed is not None and "seed" in train and seed != self.seed:
             items.append(
@@ -323,6 +365,38 @@ class Preset(BaseModel):
                     f"{self.max_processes} in all",
                 )
             )
+        return items
+
+    def _slurm_problems(self, dist: Any) -> Items:
+        """The course's cluster: its partition, account and QOS fixed; GPUs and time per run capped."""
+        dist = dist if isinstance(dist, Mapping) else {}
+        slurm = dist.get("slurm") if isinstance(dist.get("slurm"), Mapping) else {}
+        where = self.where
+        items: Items = []
+        if self.slurm is not None and dist.get("hostfile") is not None:
+            msg = f"{where} runs every run on SLURM (rule 'slurm'); leave hostfile out"
+            items.append((("distributed", "hostfile"), msg))
+        for key in ("partition", "account", "qos"):
+            fixed = (self.slurm or {}).get(key)
+            if fixed is not None and slurm.get(key, fixed) != fixed:
+                msg = (
+                    f"slurm {key} {slurm[key]!r} differs from the one {where} fixes (rule 'slurm'); "
+                    f"allowed: {fixed!r} (or leave it out)"
+                )
+                items.append((("distributed", "slurm", key), msg))
+        nodes, gpus = dist.get("nodes", 1), slurm.get("gpus_per_node")
+        counted = isinstance(gpus, int) and isinstance(nodes, int)
+        if self.max_gpus is not None and counted and gpus * nodes > self.max_gpus:
+            msg = (
+                f"{gpus * nodes} GPUs (gpus_per_node {gpus} x {nodes} node(s)) are over the cap of "
+                f"{where} (rule 'max_gpus'); allowed: 1 to {self.max_gpus}"
+            )
+            items.append((("distributed", "slurm", "gpus_per_node"), msg))
+        time_ = str(slurm.get("time", "04:00:00"))
+        limit, cap = slurm_seconds(time_), slurm_seconds(self.max_time) if self.max_time else None
+        if slurm and cap is not None and limit is not None and limit > cap:
+            msg = f"time {time_} is over the cap of {where} (rule 'max_time'); allowed: up to {self.max_time}"
+            items.append((("distributed", "slurm", "time"), msg))
         return items
 
     def model_allowed(self, model: str, base: Path) -> bool:
@@ -414,6 +488,23 @@ def _norm(value: Any, base: Path, key: str = "") -> Any:
 
 def _problem(path: Path, message: str) -> ConfigError:
     return ConfigError([Problem("", f"lab preset {path}: {message}")])
+
+
+def slurm_seconds(text: str) -> int | None:
+    """A SLURM time ("30", "30:00", "1:30:00", "2-12", "2-12:30", "2-12:30:00") in seconds; None if not."""
+    import re
+
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if m is None:
+        return None
+    days, a, b, c = (int(x) if x else None for x in m.groups())
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        return days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:  # H:M:S
+        return (a or 0) * 3600 + (b or 0) * 60 + c
+    if b is not None:  # M:S
+        return (a or 0) * 60 + b
+    return (a or 0) * 60  # M
 
 
 def load_preset(path: str | Path) -> Preset:

@@ -96,6 +96,39 @@ def test_max_steps_rule_caps_fills_and_refuses_epoch_training(workdir: Path) -> 
     assert nbtrain.prepare(lora_yaml(5)).train_args["max_steps"] == 5
 
 
+def test_slurm_rule_sends_every_run_to_the_courses_partition_within_its_caps(workdir: Path) -> None:
+    preset = write_preset(
+        workdir,
+        "slurm: {partition: class, account: fin101, time: '00:30:00'}\nmax_gpus: 2\nmax_time: '1:00:00'\n",
+    )
+    prep = nbtrain.prepare(lora_yaml(5))  # a config that says nothing of SLURM is a run on the cluster
+    slurm = prep.resolved.config.distributed.slurm
+    assert slurm is not None and (slurm.partition, slurm.account, slurm.time) == (
+        "class",
+        "fin101",
+        "00:30:00",
+    )
+    own_time = lora_yaml(5) + "distributed:\n  slurm: {time: '00:45:00', gpus_per_node: 2}\n"
+    slurm = nbtrain.prepare(own_time).resolved.config.distributed.slurm
+    assert slurm is not None and (slurm.partition, slurm.time, slurm.gpus_per_node) == (
+        "class",
+        "00:45:00",
+        2,
+    )
+    msg = refused(
+        lora_yaml(5) + "distributed:\n  slurm: {partition: big, time: '2-00:00:00', gpus_per_node: 4}\n"
+    )
+    assert_names(msg, str(preset), "slurm partition 'big' differs", "allowed: 'class'", "rule 'max_time'")
+    assert_names(
+        msg, "time 2-00:00:00 is over the cap", "allowed: up to 1:00:00", "4 GPUs", "rule 'max_gpus'"
+    )
+    assert "runs go to SLURM: partition class" in "\n".join(load_preset(preset).rules())
+    bad = write_preset(workdir, "max_time: soon\n")
+    with pytest.raises(ConfigError, match="max_time 'soon' is not a SLURM time"):
+        nbtrain.prepare(lora_yaml(5))
+    bad.unlink()
+
+
 def test_max_memory_rule_compares_the_estimate_per_device(workdir: Path) -> None:
     preset = write_preset(workdir, "max_memory_gb: 0.01\n")
     msg = refused(lora_yaml(3))
