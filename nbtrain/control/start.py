@@ -28,6 +28,7 @@ from nbtrain.contract.rundir import (
     atomic_write_json,
     atomic_write_text,
     lock_run,
+    read_json,
     read_jsonl,
     write_status,
 )
@@ -145,7 +146,7 @@ def _cluster_cap_refusal(prep: Prepared) -> str | None:
     on_cluster = []
     for run in all_runs():
         try:
-            job = json.loads(run.paths.status.read_text(encoding="utf-8")).get("slurm_job")
+            job = read_json(run.paths.status).get("slurm_job")  # bounded, and no FIFO or link read through
         except (OSError, ValueError, AttributeError):
             continue
         if job and not run.status().done:
