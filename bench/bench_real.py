@@ -12,8 +12,12 @@ and the machine's limit, so each system's model FLOP utilisation (MFU) can be re
   embeddings are looked up, not multiplied, but a tied LM head multiplies by them (counted once). Tokens per
   step: batch x the rows' mean length as tokenised (no padding counted). Attention's own FLOPs (small at
   these lengths) are left out for every system alike.
-- The bare PyTorch + peft loop: the model, the same LoRA, AdamW and a fixed batch of 8 rows of that mean
-  length, forward + backward + step in a plain loop: what the hardware gives a minimal program.
+- The bare PyTorch + peft loop, the same job written as a minimal program: the model, the same LoRA, AdamW,
+  and the same rows rendered by the chat template, shuffled, 8 to a batch, each batch right-padded to its
+  longest row (padding masked out of the attention and the loss), forward + backward + step in a plain loop.
+  So both do the same useful work per step (the rows' tokens) and pay the same padding. The loop is also
+  run on a fixed batch of 8 rows of exactly the mean length (``bare_peft_unpadded``): no padding at all,
+  the ceiling that packing the rows would approach; reported beside, not the yardstick.
 
     python bench/bench_real.py [--repeats 2] [--steps 16]    # writes bench/results/real.json
 """
@@ -40,7 +44,7 @@ RESULTS = ROOT / "bench" / "results" / "real.json"
 from bench.bench_llamafactory import LLAMAFACTORY, lf_files, run_llamafactory  # noqa: E402
 from bench.peers import lora_job, rotated, run_nbtrain_as, start_warm  # noqa: E402
 
-SYSTEMS = ("nbtrain_warm", "nbtrain", "bare_trl", "llamafactory", "bare_peft")
+SYSTEMS = ("nbtrain_warm", "nbtrain", "bare_trl", "llamafactory", "bare_peft", "bare_peft_unpadded")
 
 MATMUL = textwrap.dedent(
     """
@@ -63,6 +67,7 @@ BARE_PEFT = textwrap.dedent(
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
     resolved, length, steps = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
     cfg, lo = resolved["config"], resolved["config"]["lora"]
     torch.manual_seed(0)
@@ -71,10 +76,28 @@ BARE_PEFT = textwrap.dedent(
                                              target_modules=sys.argv[4].split(","), task_type="CAUSAL_LM"))
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    ids = torch.randint(0, model.config.vocab_size, (8, length))
+    if sys.argv[5] == "unpadded":
+        ids = torch.randint(0, model.config.vocab_size, (8, length))
+        batches = [dict(input_ids=ids, labels=ids)] * steps
+    else:
+        tok = AutoTokenizer.from_pretrained(cfg["model"])
+        rows = [json.loads(line) for line in open(sys.argv[5]) if line.strip()]
+        rows = [tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"]
+                for r in rows]
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(42)).tolist()
+        batches = []
+        for i in range(steps):
+            batch = [rows[order[(8 * i + k) % len(rows)]] for k in range(8)]
+            width = max(map(len, batch))
+            ids = torch.full((8, width), tok.pad_token_id)
+            mask = torch.zeros((8, width), dtype=torch.long)
+            for k, row in enumerate(batch):
+                ids[k, : len(row)] = torch.tensor(row)
+                mask[k, : len(row)] = 1
+            batches.append(dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)))
     times = []
-    for _ in range(steps):
-        loss = model(input_ids=ids, labels=ids).loss
+    for batch in batches:
+        loss = model(**batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -94,11 +117,13 @@ def matmul_flops(secs: float = 4.0) -> float:
 
 
 def run_bare_peft(
-    resolved: Path, length: int, steps: int, targets: list[str], work: Path
+    resolved: Path, length: int, steps: int, targets: list[str], work: Path, rows: Path | None
 ) -> dict[str, float]:
+    """The loop on the job's rows (``rows``), or on one unpadded batch of ``length`` tokens (None)."""
     script = work / "bare_peft.py"
     script.write_text(BARE_PEFT)
-    argv = [sys.executable, str(script), str(resolved), str(length), str(steps), ",".join(targets)]
+    argv = [sys.executable, str(script), str(resolved), str(length), str(steps), ",".join(targets),
+            "unpadded" if rows is None else str(rows)]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=False)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")), None)
     if line is None:
@@ -165,7 +190,8 @@ def main() -> int:
                 elif system == "llamafactory":
                     r = run_llamafactory(lf)
                 else:
-                    r = run_bare_peft(resolved, round(mean_len), args.steps, cfg["targets"], work)
+                    rows = None if system == "bare_peft_unpadded" else data
+                    r = run_bare_peft(resolved, round(mean_len), args.steps, cfg["targets"], work, rows)
                 samples[system].append(r)
                 first = f", first step {r['first_step_s']:.1f} s" if "first_step_s" in r else ""
                 print(f"  #{i} {system}: {r['steady_steps_per_s']:.3f} steps/s{first}", flush=True)
@@ -195,6 +221,8 @@ def main() -> int:
         "steps_per_s_ratio_vs_bare_trl": med["nbtrain"]["steady_steps_per_s"]
         / med["bare_trl"]["steady_steps_per_s"],
         "mfu_ratio_vs_bare_peft": mfu["nbtrain"] / mfu["bare_peft"],
+        "warm_mfu_ratio_vs_bare_peft": mfu["nbtrain_warm"] / mfu["bare_peft"],
+        "mfu_ratio_vs_bare_peft_unpadded": mfu["nbtrain"] / mfu["bare_peft_unpadded"],
         "samples": samples, "loadavg_end": os.getloadavg(),
     })  # fmt: skip
     RESULTS.write_text(json.dumps(res, indent=1) + "\n")
@@ -209,7 +237,9 @@ def main() -> int:
     print(f"nbtrain / LLaMA-Factory steps/s {res['steps_per_s_ratio_vs_llamafactory']:.2f}x (warm "
           f"{res['warm_steps_per_s_ratio_vs_llamafactory']:.2f}x), / bare TRL "
           f"{res['steps_per_s_ratio_vs_bare_trl']:.2f}x, "
-          f"MFU / bare peft loop {res['mfu_ratio_vs_bare_peft']:.2f}x")  # fmt: skip
+          f"MFU / bare peft loop {res['mfu_ratio_vs_bare_peft']:.2f}x (warm "
+          f"{res['warm_mfu_ratio_vs_bare_peft']:.2f}x; / the unpadded loop "
+          f"{res['mfu_ratio_vs_bare_peft_unpadded']:.2f}x)")  # fmt: skip
     return 0
 
 
