@@ -127,22 +127,33 @@ class Cluster:
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
+            "SelectTypeParameters=CR_CPU_Memory",
+            "DefMemPerCPU=4000",
             "SchedulerType=sched/backfill",
             "SchedulerParameters=sched_interval=2,bf_interval=2",  # a requeued job starts soon after its wait
             "SlurmdParameters=config_overrides",
             "ReturnToService=2",
             "MpiDefault=none",
-            "JobAcctGatherType=jobacct_gather/none",
+            # a step over its job's --mem is killed (no cgroups here: the accounting poll, each second)
+            "JobAcctGatherType=jobacct_gather/linux",
+            "JobAcctGatherParams=OverMemoryKill",
+            "JobAcctGatherFrequency=task=1",
             "AccountingStorageType=accounting_storage/none",
             "MinJobAge=600",
             "KillWait=10",
             "SlurmctldTimeout=30",
             "SlurmdTimeout=30",
             "PropagateResourceLimits=NONE",
-            f"NodeName=n1 NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 State=UNKNOWN",
-            f"NodeName=n2 NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 State=UNKNOWN",
-            "PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP",
+            *(
+                f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 "
+                "RealMemory=8000 State=UNKNOWN"
+                for n in ("n1", "n2")
+            ),
+            # "urgent" preempts "debug": a job that may be requeued is, one that may not is ended PREEMPTED
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            "PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+            "PartitionName=urgent Nodes=n1,n2 MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
 

@@ -230,6 +230,16 @@ def reconcile(paths: RunPaths, raw: dict[str, Any]) -> dict[str, Any]:
             return raw  # not requeued (max_requeues reached, or requeue: never): stopped it is
         words = f"SLURM job {job_id} stopped at its time limit and goes on in a requeued job ({job.state})"
         return {**raw, "state": "queued", "slurm": {**job.shown(), "words": words}}
+    if job is not None and not job.ended and job.restarts > int(raw.get("slurm_restarts") or 0):
+        # SLURM requeued the job itself (preempted, or a node failed): what the worker it killed wrote
+        # (running, or stopped on SIGTERM) is an earlier start's, until the job's restart resumes the run
+        if job.pending:
+            why = f" ({job.reason})" if job.reason else ""
+            words = (f"SLURM requeued job {job_id} (restart {job.restarts}), pending{why}: the run goes on "
+                     "from its last complete checkpoint when the job starts again")  # fmt: skip
+        else:
+            words = f"SLURM job {job_id} started again (restart {job.restarts}): resuming"
+        return {**raw, "state": "queued", "slurm": {**job.shown(), "words": words}}
     if raw.get("state") not in ACTIVE_STATES:  # stopped on a signal: say SLURM's side once it has ended
         if job is None or not job.ended:
             return raw
@@ -276,14 +286,29 @@ def ended(paths: RunPaths, job: Job, raw: dict[str, Any]) -> dict[str, Any]:
         "COMPLETED": "the job ended without the worker writing a final state",
         "FAILED": "the job failed before the worker wrote a final state",
         "NODE_FAIL": "a node of the job failed",
-        "OUT_OF_MEMORY": "the job ran out of memory (raise slurm: mem, or lower the batch size)",
+        "OUT_OF_MEMORY": "the job ran out of memory; raise slurm: mem, or lower the batch size",
         "BOOT_FAIL": "a node of the job failed to boot",
         "UNKNOWN": "SLURM has no record of the job any more",
     }
     cause = causes.get(job.state, f"the job ended {job.state}")
+    killed = memory_killed(tail)
+    if killed:  # a cluster without cgroups (jobacct_gather's OverMemoryKill) says so only in the log
+        cause = f"the job ran out of memory ({killed}); raise slurm: mem, or lower the batch size"
     where = f"; its log: {log}" if log is not None else ""
-    err = {"type": "slurm", "message": f"{said}: {cause}{where}", "log_tail": tail, "slurm": shown}
+    kind = "OutOfMemory" if killed or job.state == "OUT_OF_MEMORY" else "slurm"
+    err = {"type": kind, "message": f"{said}: {cause}{where}", "log_tail": tail, "slurm": shown}
     return write_status(paths, "failed", error=err, slurm=shown)
+
+
+_MEMORY_KILL = re.compile(r"(\S+ exceeded memory limit \(\d+ > \d+\))|(oom[-_ ]kill\S*)", re.IGNORECASE)
+
+
+def memory_killed(log_tail: str) -> str:
+    """What slurmstepd wrote when it killed the job for its memory ("StepId=3.0 exceeded memory limit
+    (643149824 > 209715200)", or a cgroup's oom-kill), "" when it did not. A cluster without cgroups ends
+    such a job FAILED, not OUT_OF_MEMORY: its log is where SLURM says why."""
+    m = _MEMORY_KILL.search(log_tail)
+    return "" if m is None else m.group(0)
 
 
 def job_log(paths: RunPaths, job_id: str) -> Path | None:
@@ -426,7 +451,7 @@ def _in_job(argv: list[str]) -> int:
     elif raw.get("state") not in ("stopped", "failed"):
         raise SystemExit(f"nbtrain: run {paths.root} is {raw.get('state')}: not resumed")
     with writer_lock(run):
-        prepare_resume(run, job=job)
+        prepare_resume(run, job=job, restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
     print(
         f"nbtrain: SLURM job {job} restart {os.environ.get('SLURM_RESTART_COUNT', '?')}: resuming", flush=True
     )

@@ -97,7 +97,7 @@ def _submit_slurm(prep: Prepared, run: Run) -> Run:
                                                  f"{out.stderr.strip()}"})  # fmt: skip
         raise NbtrainError(f"sbatch refused {script}: {out.stderr.strip()}")
     job = out.stdout.strip().split(";")[0]  # "ID" or "ID;CLUSTER"
-    write_status(run.paths, "queued", slurm_job=job, slurm=None)
+    write_status(run.paths, "queued", slurm_job=job, slurm=None, slurm_restarts=0)
     print(f"submitted SLURM job {job} ({script})")
     return run
 
@@ -251,12 +251,13 @@ def resume(ref: str | Path | Run) -> Run:
         return _launch(prep, run, lock)
 
 
-def prepare_resume(run: Run, *, job: str | None = None) -> Prepared:
+def prepare_resume(run: Run, *, job: str | None = None, restarts: int = 0) -> Prepared:
     """Set the run up to go on from its last complete checkpoint (the caller holds its writer lock):
     resolved.json says where from, the metrics logged after it are set aside, the control requests are
     cleared and the state is queued. ``job``: the SLURM job that will train it (a requeued job resuming
     itself: its previous start stopped at the time limit, which reads queued while the job requeues, so
-    the job has checked the recorded state itself)."""
+    the job has checked the recorded state itself); ``restarts``: SLURM's restart count of that job, so a
+    status written before a later requeue reads as an earlier start's (control/slurm.py)."""
     if job is None:
         _check_resumable(run)
     for pickled in (rewards.REWARDS_FILE, hooks.HOOKS_FILE, "function.pkl"):  # the worker loads them
@@ -279,7 +280,10 @@ def prepare_resume(run: Run, *, job: str | None = None) -> Prepared:
     for f in ("stop", "checkpoint"):
         run.paths.control_file(f).unlink(missing_ok=True)
     if job is not None:
-        write_status(run.paths, "queued", step=step, resumed_from=step, attempt=attempt, slurm_job=job)
+        write_status(
+            run.paths, "queued", step=step, resumed_from=step, attempt=attempt, slurm_job=job,
+            slurm_restarts=restarts,
+        )  # fmt: skip
     else:
         write_status(run.paths, "queued", step=step, resumed_from=step, attempt=attempt)
     return prep

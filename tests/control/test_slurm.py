@@ -199,19 +199,37 @@ class Slow(TrainerCallback):
 """
 
 
+def slowed(text: str) -> tuple[str, dict[str, object]]:
+    """The run's config with the Slow callback, and the notebook namespace that defines it."""
+    ns: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(SLOW, "<notebook cell>", "exec"), ns)
+    return text + "hooks:\n  callbacks: [Slow]\n", ns
+
+
+def ends_within_30_s_of_its_job(run: nbtrain.Run, timeout: float) -> nbtrain.RunStatus:
+    """The run's final state, read within 30 s of SLURM saying its job ended (the must-hold)."""
+    until(lambda: slurm.query(job_of(run), fresh=True).ended, timeout, "the job ending")  # type: ignore[union-attr]
+    t = time.monotonic()
+    st = until(lambda: (s := run.status()).done and s, 30, "the run's final state")
+    assert time.monotonic() - t < 30
+    return st  # type: ignore[no-any-return]
+
+
 def test_a_run_that_hits_its_time_limit_three_times_completes_with_requeue_auto(
     cluster: Cluster, workdir: Path
 ) -> None:
     # time: 1 minute (SLURM's least), stopped 20 s before it: ~30 s of 0.2 s steps per job, so 560 steps
     # take at least four jobs; each requeued job resumes from the checkpoint the last one stopped at.
-    ns: dict[str, object] = {"__name__": "__main__"}
-    exec(compile(SLOW, "<notebook cell>", "exec"), ns)
-    text = (
-        on_slurm(560, save_steps=1000, slurm_extra=", time: '1', signal_before: 20")
-        + "hooks:\n  callbacks: [Slow]\n"
-    )
-    text = text.replace("time: '00:10:00', ", "")
-    run = nbtrain.finetune(text, name="time-limits", namespace=ns)
+    text, ns = slowed(on_slurm(560, save_steps=1000, slurm_extra=", time: '1', signal_before: 20"))
+    run = nbtrain.finetune(text.replace("time: '00:10:00', ", ""), name="time-limits", namespace=ns)
+    # Meanwhile, on the other node, signal_before: 0 and requeue: never: SLURM itself ends a job at its limit
+    text, ns = slowed(on_slurm(100000, slurm_extra=", time: '1', signal_before: 0, requeue: never"))
+    timed_out = nbtrain.finetune(text.replace("time: '00:10:00', ", ""), name="timed-out", namespace=ns)
+    assert "watch" not in (timed_out.dir / "slurm.sbatch").read_text()
+    st = ends_within_30_s_of_its_job(timed_out, 150)
+    assert st.state == "stopped" and slurm.query(job_of(timed_out), fresh=True).state == "TIMEOUT"  # type: ignore[union-attr]
+    status = json.loads(timed_out.paths.status.read_text())
+    assert status["stop_reason"] == "slurm-timeout" and "TIMEOUT" in status["note"]
     st = run.wait(timeout=900)
     assert st.state == "completed", run.failure_report(st)
     job = slurm.query(job_of(run), fresh=True)
@@ -220,6 +238,67 @@ def test_a_run_that_hits_its_time_limit_three_times_completes_with_requeue_auto(
     assert steps == list(range(1, 561)), [s for s in steps if steps.count(s) > 1][:5]  # none trained twice
     log = (run.dir / "logs" / f"slurm-{job_of(run)}.log").read_text()
     assert log.count("the run stops at a checkpoint") >= 3 and log.count("resuming") >= 3
+
+
+def test_preemption_requeues_a_requeue_auto_run_which_goes_on_and_ends_a_requeue_never_run(
+    cluster: Cluster, workdir: Path
+) -> None:
+    # The test cluster's partition "urgent" preempts "debug" (PreemptMode=REQUEUE): a job that may not be
+    # requeued is ended PREEMPTED instead.
+    text, ns = slowed(on_slurm(120, save_steps=5))
+    goes_on = nbtrain.finetune(text, name="preempted-goes-on", namespace=ns)
+    ends = nbtrain.finetune(on_slurm(100000, slurm_extra=", requeue: never"), name="preempted-ends")
+    until(lambda: goes_on.status().step >= 6 and ends.status().step >= 1, 120, "both training")
+    urgent = cluster.run("sbatch", "--parsable", "-p", "urgent", "-N2", "--wrap", "sleep 2").stdout.strip()
+    st = ends_within_30_s_of_its_job(ends, 60)
+    assert st.state == "stopped" and slurm.query(job_of(ends), fresh=True).state == "PREEMPTED"  # type: ignore[union-attr]
+    assert json.loads(ends.paths.status.read_text())["stop_reason"] == "slurm-preempted"
+    # until its job starts again (the urgent job's 2 s, then SLURM's wait before a requeued job starts)
+    queued = until(lambda: (s := goes_on.status()).state == "queued" and s, 30, "the requeued run queued")
+    assert (queued.phase_text() or "").startswith(f"SLURM requeued job {job_of(goes_on)} (restart 1)")
+    assert slurm.query(urgent, fresh=True).state in ("RUNNING", "COMPLETED", "COMPLETING")  # type: ignore[union-attr]
+    st = goes_on.wait(timeout=300)
+    assert st.state == "completed", goes_on.failure_report(st)
+    assert slurm.query(job_of(goes_on), fresh=True).restarts >= 1  # type: ignore[union-attr]
+    steps = goes_on.metrics()["step"].tolist()
+    assert steps == sorted(steps) and len(steps) == len(set(steps)) and steps[-1] == 120
+    assert "resuming" in (goes_on.dir / "logs" / f"slurm-{job_of(goes_on)}.log").read_text()
+
+
+def test_a_node_failing_under_a_running_job_reads_failed_naming_the_node(
+    cluster: Cluster, workdir: Path
+) -> None:
+    run = nbtrain.finetune(on_slurm(100000, slurm_extra=", requeue: never"), name="node-fail")
+    until(lambda: run.status().step >= 1, 120, "training")
+    node = slurm.query(job_of(run), fresh=True).nodes  # type: ignore[union-attr]
+    cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=nbtrain-test")
+    try:
+        st = ends_within_30_s_of_its_job(run, 60)
+    finally:
+        # (ReturnToService=2 may have taken it back already when slurmd registered again)
+        cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    assert st.state == "failed"
+    err = st.error or {}
+    assert (
+        "NODE_FAIL" in err["message"]
+        and "a node of the job failed" in err["message"]
+        and node in err["message"]
+    )
+    until(lambda: node in cluster.run("sinfo", "-h", "-t", "idle", "-N", "-o", "%N").stdout.split(), 60,
+          "the node back")  # fmt: skip
+
+
+def test_a_job_killed_for_its_memory_reads_failed_out_of_memory_with_the_fix(
+    cluster: Cluster, workdir: Path
+) -> None:
+    # No cgroups here: SLURM's accounting kills the step over its --mem, and the job ends FAILED; only its
+    # log says why, and the run says it.
+    run = nbtrain.finetune(on_slurm(10, slurm_extra=", mem: 300M, requeue: never"), name="oom")
+    st = ends_within_30_s_of_its_job(run, 120)
+    assert st.state == "failed"
+    err = st.error or {}
+    assert err["type"] == "OutOfMemory" and "exceeded memory limit" in err["message"]
+    assert "ran out of memory" in err["message"] and "raise slurm: mem" in err["message"]
 
 
 def test_the_cluster_leaves_no_daemon_job_or_folder_behind() -> None:

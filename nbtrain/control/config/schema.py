@@ -243,11 +243,14 @@ class SlurmSettings(_Strict):
     gpus_per_node: int | None = Field(None, gt=0)
     cpus_per_task: int | None = Field(None, gt=0)
     exclusive: bool = False
-    # auto: a job that hits its time limit (or is preempted) checkpoints when SLURM warns it, is requeued and
-    # goes on from that checkpoint, at most max_requeues times; never: it stops there (resume by hand)
+    # auto: a job that nears its time limit stops at a checkpoint signal_before s before it, is requeued and
+    # goes on from that checkpoint, at most max_requeues times; a job SLURM preempts or whose node fails is
+    # requeued by SLURM and goes on from the last complete checkpoint. never: it stops there (resume by hand)
     requeue: Literal["auto", "never"] = "auto"
     max_requeues: int = Field(10, ge=0)
-    signal_before: int = Field(120, gt=0)  # seconds before the job's time limit the run stops at a checkpoint
+    # seconds before the job's time limit the run stops at a checkpoint; 0: not at all, SLURM ends the job at
+    # its limit (TIMEOUT) and resume goes on from the last complete checkpoint
+    signal_before: int = Field(120, ge=0)
     extra: list[str] = Field(default_factory=list)  # more "#SBATCH ..." options, written as given
 
     @field_validator("partition", "account", "qos", "constraint", "time", "mem")

@@ -302,12 +302,19 @@ def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any], *, allocation
         f"  {job_verb} resume-in-job {run}; rc=$?",
         '  if [ "$rc" = 10 ]; then exit 0; elif [ "$rc" != 0 ]; then exit "$rc"; fi',
         "fi",
-        f"{job_verb} watch {run} {int(slurm.get('signal_before', 120))} &",
-        "watcher=$!",
-        f"srun --kill-on-bad-exit=1 --nodes={plan.nodes} --ntasks-per-node=1 {cmd}",
-        "code=$?",
-        'kill "$watcher" 2>/dev/null',
     ]
+    before = int(slurm.get("signal_before", 120))
+    srun = f"srun --kill-on-bad-exit=1 --nodes={plan.nodes} --ntasks-per-node=1 {cmd}"
+    if before > 0:
+        lines += [
+            f"{job_verb} watch {run} {before} &",
+            "watcher=$!",
+            srun,
+            "code=$?",
+            'kill "$watcher" 2>/dev/null',
+        ]
+    else:  # signal_before: 0: SLURM ends the job at its limit
+        lines += [srun, "code=$?"]
     if requeue:  # stopped for the time limit at a checkpoint: go on in the requeued job
         lines += [
             f'if [ "$code" = 0 ] && {job_verb} should-requeue {run} "$restarts" {max_requeues}; then',
