@@ -121,8 +121,11 @@ def test_scancel_from_outside_while_training_reads_stopped_by_slurm(cluster: Clu
 def test_stop_while_training_checkpoints_and_resume_submits_a_job_that_continues_the_curve(
     cluster: Cluster, workdir: Path
 ) -> None:
-    run = nbtrain.finetune(on_slurm(600, save_steps=5), name="resumed")
-    until(lambda: run.status().step >= 6, 120, "training")
+    run = nbtrain.finetune(on_slurm(600, save_steps=1000), name="resumed")
+    until(lambda: run.status().step >= 3, 120, "training")
+    run.checkpoint()  # checkpoint-now, in the job: a checkpoint appears and the run goes on
+    saved = until(lambda: latest_complete_checkpoint(run.paths), 60, "the checkpoint asked for")
+    assert run.status().state == "running" and int(saved.name.split("-")[1]) < 1000
     first_job = job_of(run)
     st = run.stop(timeout=60)
     assert st.state == "stopped" and latest_complete_checkpoint(run.paths) is not None
