@@ -168,14 +168,16 @@ def sft_trainer() -> type:
             )
             with torch.no_grad():  # TRL's metrics, from the logits the loss already built
                 labels = inputs["labels"][:, 1:]
-                logits = outputs.logits[:, :-1]
                 mask = labels != -100
-                entropy = _entropy(logits)
+                # over every position of the (contiguous) logits, then the last dropped: slicing the logits
+                # first would copy them all (~37 ms of a 2 s SmolLM2 step on 2 cores)
+                entropy = _entropy(outputs.logits)[:, :-1]
+                predicted = outputs.logits.argmax(-1)[:, :-1]
                 sums = torch.stack(
                     [
                         mask.sum(),
                         (entropy * mask).sum(),
-                        ((logits.argmax(-1) == labels) & mask).sum(),
+                        ((predicted == labels) & mask).sum(),
                         inputs["attention_mask"].sum()
                         if "attention_mask" in inputs
                         else torch.tensor(inputs["input_ids"].numel(), device=mask.device),
