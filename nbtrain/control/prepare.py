@@ -26,14 +26,11 @@ from nbtrain.contract.notebook import notebook_namespace
 from nbtrain.contract.objectives import rewards_objectives
 from nbtrain.control import hub
 from nbtrain.control.config import trainargs
+from nbtrain.control.config.load import load_config
 from nbtrain.control.config.preset import Preset, find_preset
-from nbtrain.control.config.schema import (
-    Resolved,
-    VisionSettings,
-    load_config,
-    planned_problems,
-    problems_error,
-)
+from nbtrain.control.config.problems import problems_error
+from nbtrain.control.config.rules.batch import planned_problems
+from nbtrain.control.config.schema import Resolved, VisionSettings
 from nbtrain.control.memory import (
     Estimate,
     count_vision_parameters,

@@ -55,6 +55,7 @@ from nbtrain.control.config import datasetinfo
 from nbtrain.control.config.chat_template import ChatTemplate, find_chat_template
 from nbtrain.control.config.choices import METHODS
 from nbtrain.control.config.datacheck import DataProblem, read_rows
+from nbtrain.control.config.load import parse_source
 from nbtrain.control.config.preset import Preset, find_preset
 from nbtrain.control.config.schema import (
     DataSettings,
@@ -62,7 +63,6 @@ from nbtrain.control.config.schema import (
     LoraSettings,
     QuantSettings,
     RunConfig,
-    parse_source,
 )
 from nbtrain.control.config.trainargs import sft_fields
 from nbtrain.control.hub import cache_dir as hub_cache_dir

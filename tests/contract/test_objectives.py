@@ -19,7 +19,7 @@ from nbtrain.contract import rewards
 from nbtrain.contract.errors import ConfigError
 from nbtrain.contract.objectives import OBJECTIVE_NAMES, OBJECTIVES
 from nbtrain.control.config import trainargs
-from nbtrain.control.config.schema import load_config
+from nbtrain.control.config.load import load_config
 from nbtrain.examples import write_dataset
 
 

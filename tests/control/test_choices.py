@@ -25,11 +25,12 @@ def test_the_schema_and_the_preset_take_the_choices_from_one_place() -> None:
     assert set(get_args(AvailableObjective)) == set(OBJECTIVES)
 
 
-def test_loading_the_schema_imports_neither_the_preset_nor_the_planner() -> None:
+def test_the_config_loader_imports_neither_the_preset_the_planner_nor_runs_or_tracking() -> None:
     code = (
-        "import sys, json, nbtrain.control.config.schema\n"
+        "import sys, json, nbtrain.control.config.load\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('nbtrain.control.config.preset', "
-        "'nbtrain.control.plan', 'nbtrain.control.memory', 'nbtrain.control.prepare')))))\n"
+        "'nbtrain.control.plan', 'nbtrain.control.memory', 'nbtrain.control.prepare', "
+        "'nbtrain.control.tracking', 'nbtrain.control.runs', 'nbtrain.control.process')))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []

@@ -420,6 +420,7 @@ def test_the_estimator_is_pure_it_imports_no_config_plan_or_hardware() -> None:
     code = (
         "import sys, json, nbtrain.control.memory\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('nbtrain.control.config.schema', "
+        "'nbtrain.control.config.load', 'nbtrain.control.config.rules', "
         "'nbtrain.control.config.preset', 'nbtrain.control.plan', 'nbtrain.hardware', 'pydantic')))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

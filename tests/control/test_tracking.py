@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from nbtrain.contract.errors import ConfigError
-from nbtrain.control.config.schema import load_config
+from nbtrain.control.config.load import load_config
 from nbtrain.control.tracking import (
     installed_integrations,
     report_to_problem,

@@ -17,7 +17,8 @@ import yaml
 
 from nbtrain.contract.errors import ConfigError
 from nbtrain.control import start as api
-from nbtrain.control.config.schema import DistributedSettings, load_config
+from nbtrain.control.config.load import load_config
+from nbtrain.control.config.schema import DistributedSettings
 from nbtrain.control.config.trainargs import sft_fields
 from nbtrain.control.runs.run import Run, create_run_dir
 from nbtrain.examples import CHAT_TEMPLATE, write_dataset

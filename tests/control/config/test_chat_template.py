@@ -11,7 +11,7 @@ import pytest
 import nbtrain
 from nbtrain.contract.errors import ConfigError
 from nbtrain.control.config.chat_template import ChatTemplate, find_chat_template
-from nbtrain.control.config.schema import load_config
+from nbtrain.control.config.load import load_config
 from nbtrain.examples_tools import TOOLS_TEMPLATE, tool_model, tool_rows
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nbtrain.contract.errors import ConfigError
-from nbtrain.control.config.schema import load_config
+from nbtrain.control.config.load import load_config
 from nbtrain.examples import write_dataset
 
 

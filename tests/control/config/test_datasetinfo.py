@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from nbtrain.contract.errors import ConfigError
-from nbtrain.control.config.schema import load_config
+from nbtrain.control.config.load import load_config
 
 
 def write(path: Path, value: Any) -> None:

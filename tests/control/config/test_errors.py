@@ -11,8 +11,8 @@ import pytest
 
 from nbtrain.contract.errors import ConfigError, Problem
 from nbtrain.control.config import trainargs
+from nbtrain.control.config.load import load_config
 from nbtrain.control.config.preset import load_preset
-from nbtrain.control.config.schema import load_config
 from nbtrain.control.config.yamlsafe import DuplicateKeys, YamlSyntax, load_yaml
 from tests.conftest import lora_yaml
 

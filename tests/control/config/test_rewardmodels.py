@@ -12,7 +12,7 @@ import pytest
 
 import nbtrain
 from nbtrain.contract.errors import ConfigError
-from nbtrain.control.config.schema import load_config
+from nbtrain.control.config.load import load_config
 from nbtrain.examples import write_dataset
 
 

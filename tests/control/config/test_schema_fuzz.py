@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import nbtrain
 from nbtrain.contract.errors import ConfigError
-from nbtrain.control.config.schema import load_config
+from nbtrain.control.config.load import load_config
 
 KEYS = ["model", "method", "data", "train", "lora", "quantization", "precision", "distributed", "name",
         "resume", "trust_remote_code", "methd", "lr", "max_steps", "format", "r", "strategy"]  # fmt: skip

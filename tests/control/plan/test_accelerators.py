@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nbtrain.contract.errors import ConfigError
-from nbtrain.control.config.schema import load_config
+from nbtrain.control.config.load import load_config
 from nbtrain.control.memory import GiB
 from nbtrain.control.plan.planner import make_plan, train_args
 from nbtrain.control.prepare import prepare

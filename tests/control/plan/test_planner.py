@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtrain.control.config.schema import load_config
+from nbtrain.control.config.load import load_config
 from nbtrain.control.plan.planner import make_plan, train_args
 from nbtrain.hardware import GPU, Hardware, probe
 from tests.conftest import lora_yaml

@@ -1,0 +1,105 @@
+"""model: a local folder, a Hub id or a GGUF file; method: qlora needs bitsandbytes that loads."""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import re
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from nbtrain.contract.gguf import is_gguf
+from nbtrain.control.config.problems import Problems
+from nbtrain.control.config.schema.sections import HUB_MODEL
+
+
+@lru_cache(maxsize=4)
+def bitsandbytes_problem(sys_path: tuple[str, ...]) -> str | None:
+    """Why bitsandbytes cannot load here, or None. Checked in a subprocess: the kernel never imports it."""
+    del sys_path  # part of the cache key only
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return "bitsandbytes is not installed; install it (`pip install bitsandbytes`) or use method: lora"
+    probe = subprocess.run(
+        [sys.executable, "-c", "import bitsandbytes, torch; print(bitsandbytes.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return (
+            f"bitsandbytes is installed but cannot load: {last}. Fix the install "
+            f"(`pip install -U bitsandbytes`) or use method: lora"
+        )
+    return None
+
+
+def check_model(spec: str, base: Path, probs: Problems, gguf_file: Any = None) -> str:
+    gguf_name = gguf_file if isinstance(gguf_file, str) else None
+    if not spec.startswith((".", "/", "~")) and ".." in re.split(r"[/\\]", spec):
+        # Qwen/Qwen2.5-0.5B/../../../other reads as a Hub id (and passes a preset's 'Qwen/*') but is a
+        # path to a folder elsewhere on this machine.
+        probs.add(
+            ("model",),
+            f"{spec!r} has a '..' part: a Hub id is 'org/name' and never holds '..'. For a folder on this "
+            f"machine write its path (./models/name or /abs/path/name)",
+        )
+        return "hub"
+    try:
+        path = Path(spec).expanduser()
+    except RuntimeError:  # "~name" of a user this machine does not know
+        probs.add(("model",), f"{spec!r}: no home folder is known for that user here; write the full path")
+        return "local"
+    if not path.is_absolute():
+        path = (base / path).resolve()
+    if path.exists():
+        kind = check_gguf(path, gguf_name, probs)
+        if kind is not None:
+            return kind
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            probs.add(
+                ("model",),
+                f"{path} is not a model directory (no config.json); point model: at "
+                f"a directory saved with save_pretrained() or a .gguf file, or give a hub id",
+            )
+        return "local"
+    looks_like_path = spec.startswith((".", "/", "~")) or "\\" in spec or spec.count("/") > 1
+    if path.exists():
+        probs.add(
+            ("model",),
+            f"{path} is a file; model: takes a directory saved with save_pretrained(), a .gguf file or a "
+            f"hub id",
+        )
+    elif looks_like_path or not HUB_MODEL.match(spec) or is_gguf(spec):
+        try:
+            names = [p.name for p in path.parent.iterdir() if p.is_dir() or is_gguf(p.name)]
+        except OSError:
+            names = []
+        close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+        hint = f"; did you mean '{path.parent / close[0]}'?" if close else ""
+        probs.add(("model",), f"model path not found: {path}{hint}")
+    return "hub"
+
+
+def check_gguf(path: Path, gguf_file: str | None, probs: Problems) -> str | None:
+    """``model:`` as a .gguf file, or a folder holding one: its header read (not dequantised), a file
+    that is not GGUF, damaged, or of an architecture transformers cannot load refused. None when ``path``
+    is no GGUF model."""
+    from nbtrain.control import gguf  # the gguf reader (numpy) only when a .gguf is in play
+
+    try:
+        found = gguf.find(path, gguf_file)
+        if found is None:
+            if gguf_file is not None:
+                probs.add(("gguf_file",), f"gguf_file: {gguf_file} is for a Hub repo or a folder of .gguf "
+                          f"files; {path} is a model folder with its own config.json")  # fmt: skip
+            return None
+        gguf.read(found)
+    except gguf.GgufProblem as e:
+        probs.add(("model",), str(e))
+    return "gguf"

@@ -1,0 +1,290 @@
+"""The sections of a run config as pydantic models (strict: unknown keys and wrong types refused):
+lora:, vision:, quantization:, data:, distributed: (slurm:), hooks:, a reward model. Types and the
+checks of one value only; what looks at several keys or at the world is in ``config/rules/``."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from nbtrain.contract.formats import CANONICAL_COLUMNS
+from nbtrain.control.config import trainargs
+from nbtrain.control.config.choices import Launcher, Offload, Strategy
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class Strict(BaseModel):
+    # .inf / .nan are never a setting: a LoRA alpha of .inf trains to nothing and reports "completed"
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class LoraSettings(BaseModel):
+    # nbtrain's names below, and any field of peft's LoraConfig (use_dora, use_rslora, init_lora_weights,
+    # modules_to_save, layers_to_transform, target_parameters, ...) and loraplus_lr_ratio, checked against
+    # peft's dataclass in method_sections (trainargs.check_lora_key / check_lora_value)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    r: int = Field(8, gt=0, le=4096)
+    alpha: float = Field(16, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: str | list[str] = "auto"
+    bias: Literal["none", "all", "lora_only"] = "none"
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _targets_ok(cls, v: Any) -> Any:
+        ok = v in ("auto", "all-linear") or (
+            isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)
+        )
+        if not ok:
+            raise ValueError(
+                "target_modules is 'auto' (the model's usual attention projections), "
+                "'all-linear', or a list of module names such as [q_proj, v_proj]"
+            )
+        return v
+
+
+class VisionSettings(Strict):
+    """A vision-language model's parts besides the language model: what stays frozen. By default the image
+    encoder and the projector into the language model both do (LoRA then trains the language model only);
+    ``encoder`` trains the projector too, ``none`` the encoder as well."""
+
+    freeze: Literal["encoder+projector", "encoder", "none"] = "encoder+projector"
+    # For the memory estimate: the most images one row holds (default: counted in the data's first rows)
+    # and the tokens each image becomes (default: from the model's config and image processor).
+    images_per_row: int | None = Field(None, ge=0, le=1024)
+    image_tokens: int | None = Field(None, gt=0, le=1_000_000)
+
+
+class QuantSettings(Strict):
+    bits: Literal[4, 8] = 4
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+
+
+def checked_columns(v: dict[str, str]) -> dict[str, str]:
+    problem = columns_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
+def columns_problem(v: dict[str, str]) -> str | None:
+    for canonical, column in v.items():
+        if canonical not in CANONICAL_COLUMNS:
+            close = difflib.get_close_matches(canonical, list(CANONICAL_COLUMNS), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            return (
+                f"columns: maps nbtrain's names to your dataset's columns; {canonical!r} is not one of "
+                f"{', '.join(CANONICAL_COLUMNS)}{hint}"
+            )
+        if not column:
+            return f"columns: {canonical}: needs the name of a column in your data"
+    sources = list(v.values())
+    if len(set(sources)) != len(sources):
+        return "columns: maps two names to the same column"
+    return None
+
+
+# data: columns: and a source's columns: (canonical name -> the dataset's column), checked the same way.
+Columns = Annotated[dict[str, str], AfterValidator(checked_columns)]
+
+DataFormat = Literal["auto", "messages", "alpaca", "sharegpt", "text", "preference", "unpaired", "prompt"]
+
+
+class DataSourceSettings(Strict):
+    """One entry of ``data: train:`` as a list: several datasets mixed (by weight, or concatenated)."""
+
+    path: str = Field(min_length=1)
+    weight: float | None = Field(None, gt=0)  # relative; normalised to probabilities over the list
+    format: DataFormat | None = None  # default: data: format:
+    columns: Columns | None = None  # default: data: columns:
+    split: str | None = Field(None, min_length=1)  # hub / save_to_disk datasets with several splits
+    data_files: str | list[str] | None = None  # a hub dataset: which of its files (glob patterns)
+    # a dataset named in the LLaMA-Factory dataset_info.json that path names (or its folder)
+    dataset: str | None = Field(None, min_length=1)
+
+
+STOPPING_STRATEGIES = ("all_exhausted", "first_exhausted", "all_exhausted_without_replacement")
+
+
+class DataSettings(Strict):
+    # a path or hub id, or a list of sources [{path, weight?, format?, columns?, split?}, ...]
+    train: str | list[DataSourceSettings]
+    format: DataFormat = "auto"
+    # a fraction of the training rows (0.1), or a number of rows (200; the only choice when streaming)
+    eval_split: float | int | None = None
+    eval: str | None = None
+    max_samples: int | None = Field(None, gt=0)
+    # {nbtrain's name: the dataset's column}, e.g. {prompt: question, chosen: good, rejected: bad}
+    columns: Columns | None = None
+    # a dataset named in the LLaMA-Factory dataset_info.json that train: names (or the folder holding it):
+    # data: {train: data/dataset_info.json, dataset: my_set}; a train: list takes dataset: per source
+    dataset: str | None = Field(None, min_length=1)
+    # read the data as it trains (datasets' IterableDataset): for data larger than memory
+    streaming: bool = False
+    # LLaMA-Factory's mask_history: a conversation trains on its last assistant turn only (SFT)
+    mask_history: bool = False
+    # how weighted sources are mixed (datasets.interleave_datasets): all_exhausted = until every source
+    # has been seen once (smaller ones repeat), first_exhausted = until one runs out
+    stopping_strategy: Literal["all_exhausted", "first_exhausted", "all_exhausted_without_replacement"] = (
+        "all_exhausted"
+    )
+
+    @field_validator("train")
+    @classmethod
+    def _train_ok(cls, v: str | list[DataSourceSettings]) -> str | list[DataSourceSettings]:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("train: needs a data file, a save_to_disk() directory or a hub dataset id")
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("train: lists at least one source ({path: ..., weight: ...})")
+            weighted = [s.weight is not None for s in v]
+            if any(weighted) and not all(weighted):
+                raise ValueError(
+                    "train: give every source a weight (they are mixed in those proportions) or none "
+                    "(the sources are concatenated)"
+                )
+        return v
+
+    @field_validator("eval_split", mode="before")
+    @classmethod
+    def _eval_split_number(cls, v: Any) -> Any:
+        # Before the float | int union: one message, not one per branch it fails.
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            hint = trainargs.yaml_number_hint(v)
+            raise ValueError(
+                f"eval_split is a fraction between 0 and 1 (0.1) or a number of rows (200){hint}"
+            )
+        return v
+
+    @field_validator("eval_split")
+    @classmethod
+    def _eval_split_ok(cls, v: float | int | None) -> float | int | None:
+        if v is None:
+            return v
+        if isinstance(v, int) and not isinstance(v, bool):
+            if v < 1:
+                raise ValueError("eval_split is a fraction between 0 and 1 (0.1) or a number of rows (200)")
+        elif not 0 < v < 1:
+            raise ValueError("eval_split is a fraction between 0 and 1 (0.1) or a number of rows (200)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_eval_source(self) -> DataSettings:
+        if self.eval is not None and self.eval_split is not None:
+            raise ValueError("give either eval (a path) or eval_split (a fraction), not both")
+        if self.dataset is not None and isinstance(self.train, list):
+            raise ValueError(
+                "dataset: names one dataset of a dataset_info.json; with a train: list give each source "
+                "its own ({path: data/dataset_info.json, dataset: my_set})"
+            )
+        return self
+
+    def sources(self) -> list[DataSourceSettings]:
+        """``train:`` as a list of sources (a plain string is one source)."""
+        if isinstance(self.train, str):
+            return [DataSourceSettings.model_validate({"path": self.train})]
+        return list(self.train)
+
+
+class SlurmSettings(Strict):
+    """``distributed: slurm:``: the run is an sbatch job (any number of nodes, one too)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    time: str = "04:00:00"
+    mem: str | None = None  # per node, as sbatch takes it: "32G"
+    gpus_per_node: int | None = Field(None, gt=0)
+    cpus_per_task: int | None = Field(None, gt=0)
+    exclusive: bool = False
+    # auto: a job that nears its time limit stops at a checkpoint signal_before s before it, is requeued and
+    # goes on from that checkpoint, at most max_requeues times; a job SLURM preempts or whose node fails is
+    # requeued by SLURM and goes on from the last complete checkpoint. never: it stops there (resume by hand)
+    requeue: Literal["auto", "never"] = "auto"
+    max_requeues: int = Field(10, ge=0)
+    # seconds before the job's time limit the run stops at a checkpoint; 0: not at all, SLURM ends the job at
+    # its limit (TIMEOUT) and resume goes on from the last complete checkpoint
+    signal_before: int = Field(120, ge=0)
+    extra: list[str] = Field(default_factory=list)  # more "#SBATCH ..." options, written as given
+
+    @field_validator("partition", "account", "qos", "constraint", "time", "mem")
+    @classmethod
+    def _one_word(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or any(c.isspace() for c in v) or v.startswith("-")):
+            raise ValueError(f"{v!r} is not one sbatch value (no spaces, not an option)")
+        return v
+
+    @field_validator("extra")
+    @classmethod
+    def _one_line_each(cls, v: list[str]) -> list[str]:
+        for line in v:
+            if "\n" in line or "\r" in line or not line.strip().startswith("-"):
+                raise ValueError(f"{line!r}: each extra line is one sbatch option, e.g. --gres=gpu:2")
+        return v
+
+
+def python_name(v: str) -> str:
+    if not v.isidentifier():
+        raise ValueError(f"{v!r} is not a Python name; hooks: names a function or class of the notebook")
+    return v
+
+
+_HookName = Annotated[str, AfterValidator(python_name)]
+
+
+class HooksSettings(Strict):
+    """``hooks:``: notebook objects the worker calls (nbtrain.contract.hooks says how each is called)."""
+
+    callbacks: list[_HookName] | None = None
+    compute_metrics: _HookName | None = None
+    loss: _HookName | None = None
+    preprocess: _HookName | None = None
+    preprocess_logits_for_metrics: _HookName | None = None
+
+    @field_validator("callbacks", mode="before")
+    @classmethod
+    def _one_callback(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v  # callbacks: MyCallback is a list of one
+
+    @field_validator("callbacks")
+    @classmethod
+    def _callbacks_ok(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("callbacks: lists a callback twice; name each once")
+        return v
+
+
+class DistributedSettings(Strict):
+    strategy: Literal["auto", Strategy] = "auto"
+    offload: Offload = "none"
+    num_processes: Literal["auto"] | int = "auto"  # per node
+    launcher: Literal["auto", Launcher] = "auto"
+    nodes: int = Field(1, ge=1)
+    hostfile: str | None = None
+    slurm: SlurmSettings | None = None
+    deepspeed_config: str | None = None
+    nvme_path: str | None = None  # offload: nvme: a folder on a fast local disk for ZeRO-Infinity's swaps
+    master_addr: str | None = None  # multi-node: the address of node 0 as the others reach it
+    master_port: int | None = Field(None, gt=0, lt=65536)
+
+    @field_validator("num_processes")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("num_processes is 'auto' or a positive integer (processes per node)")
+        return v
+
+
+class RewardModelRef(Strict):
+    """A reward model in ``rewards:``: ``{model: <run id, run directory, model folder or Hub id>}`` (checked
+    and made absolute by ``nbtrain.control.config.rewardmodels``)."""
+
+    model: str = Field(min_length=1)
