@@ -78,6 +78,7 @@ def hub_env(
 GGUF = "smollm2-135m-instruct-q4_1.gguf"
 
 
+@pytest.mark.slow
 def test_a_hub_repos_gguf_file_is_checked_then_downloaded_converted_and_trained(
     hub_env: HubServer, workdir: Path, smollm2: Path
 ) -> None:

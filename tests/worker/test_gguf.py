@@ -12,6 +12,8 @@ import pytest
 
 from nbtrain.contract import gguf as cache
 
+pytestmark = pytest.mark.slow  # the real SmolLM2: converted, trained, exported, served (make test runs them)
+
 PROMPTS = [
     "What is the capital of France? Answer in one word.",
     "Name a primary colour.",
