@@ -222,3 +222,29 @@ def _group_of(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+# A notebook's callback that sends the worker SIGTERM as its last step begins (as a SLURM time limit or a
+# user's stop can arrive just then).
+STOP_AT_LAST_STEP = """
+import os, signal
+from transformers import TrainerCallback
+
+
+class StopAtLastStep(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == state.max_steps - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_a_stop_that_arrives_during_the_last_step_leaves_the_run_completed(workdir: Path) -> None:
+    # "stopped" here would have a requeued SLURM job or a resume train a step past max_steps
+    ns: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(STOP_AT_LAST_STEP, "<notebook cell>", "exec"), ns)
+    run = nbtrain.finetune(
+        lora_yaml(6) + "hooks:\n  callbacks: [StopAtLastStep]\n", name="last", namespace=ns
+    )
+    st = run.wait(timeout=300, check=False)
+    assert st.state == "completed" and st.step == 6, run.logs(30)
+    assert run.paths.output.is_dir()

@@ -196,7 +196,10 @@ def train_and_save(trainer: Any, callback: Any, run: RunContext) -> str:
         raise NonFiniteTraining(callback.nonfinite, run.paths)
     summary = dict(callback.summary)
     callback.write_system(state_report(trainer, callback.meter))
-    if run.stop.requested:
+    # A stop asked for at the last step (a SLURM time limit, a user) comes after the training's own end:
+    # the run completed, and saying "stopped" would have a requeued job resume it for one step too many.
+    finished = state.max_steps > 0 and state.global_step >= state.max_steps
+    if run.stop.requested and not finished:
         writer.drain()
         if rank0:
             write_status(run.paths, "stopped", step=state.global_step, max_steps=state.max_steps,
