@@ -51,7 +51,7 @@ from nbtrain.contract.gguf import cache_dir, is_gguf
 from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
 from nbtrain.contract.paths import runs_root
 from nbtrain.control import start as api
-from nbtrain.control.config import datasetinfo
+from nbtrain.control.config import datasetinfo, reference
 from nbtrain.control.config.chat_template import ChatTemplate, find_chat_template
 from nbtrain.control.config.choices import METHODS
 from nbtrain.control.config.datacheck import DataProblem, read_rows
@@ -200,7 +200,8 @@ class PanelField:
     choices: tuple[Any, ...] = ()  # dropdown values, or suggestions for a scalar box
     default: Any = UNSET  # a dropdown's value when nothing is set
     placeholder: str = ""
-    help: str = ""
+    help: str = ""  # what the key means, where the config's fields do not say (train: keys: TRL's words)
+    note: str = ""  # what only the panel knows (where its list comes from, ...), after the meaning
     option_labels: Mapping[Any, str] = field(default_factory=dict)  # a dropdown value's words
 
     @property
@@ -213,8 +214,11 @@ class PanelField:
 
     @property
     def tooltip(self) -> str:
-        """The YAML key the field writes, then what it means."""
-        return f"{self.path}: {self.help}"[:400] if self.help else self.path
+        """The YAML key the field writes, then what it means: the config field's own description
+        (config/reference.py, the one source the completer and %finetune help read too)."""
+        meaning = self.help or reference.keys().get(self.path, {}).get("description", "")
+        text = " ".join(x for x in (meaning, self.note) if x)
+        return f"{self.path}: {text}"[:400] if text else self.path
 
     def options(self) -> list[tuple[str, Any]]:
         """A dropdown's (label, value) pairs; the value that applies when nothing is set says so."""
@@ -323,8 +327,7 @@ def panel_fields() -> list[PanelField]:
             "Model",
             "Model",
             placeholder="./model-dir or org/name",
-            help="a folder saved with save_pretrained() (the list offers those found here and in the "
-            "Hugging Face cache), or a Hub id",
+            note="The list offers those found here and in the Hugging Face cache.",
         ),
         PanelField(
             "method",
@@ -333,8 +336,6 @@ def panel_fields() -> list[PanelField]:
             "Method",
             choices=METHODS,
             default=_schema_default(RunConfig, "method"),
-            help="lora trains small adapter matrices; qlora does so on a quantized model (least memory); "
-            "full trains every weight (most memory)",
             option_labels=METHOD_WORDS,
         ),
         PanelField(
@@ -344,9 +345,6 @@ def panel_fields() -> list[PanelField]:
             "Objective",
             choices=tuple(OBJECTIVES),
             default=_schema_default(RunConfig, "objective"),
-            help="what training optimises: sft (imitate answers), dpo / orpo (prefer chosen over "
-            "rejected), kto (desirable / undesirable completions), reward (a reward model from chosen / "
-            "rejected pairs), grpo / rloo (online RL from reward functions or a reward model)",
             option_labels={k: f"{k}: {o.summary}" for k, o in OBJECTIVES.items()},
         ),
         PanelField(
@@ -355,7 +353,6 @@ def panel_fields() -> list[PanelField]:
             "LoRA",
             "LoRA rank",
             placeholder=f"default {lora_default['r']}",
-            help="the rank of the adapter matrices: higher learns more, costs more memory",
         ),
         PanelField(
             "lora.alpha",
@@ -363,7 +360,6 @@ def panel_fields() -> list[PanelField]:
             "LoRA",
             "LoRA alpha",
             placeholder=f"default {lora_default['alpha']}",
-            help="the adapters' scale (alpha / r multiplies their output)",
         ),
         PanelField(
             "lora.dropout",
@@ -371,7 +367,6 @@ def panel_fields() -> list[PanelField]:
             "LoRA",
             "LoRA dropout",
             placeholder=f"default {lora_default['dropout']}",
-            help="dropout on the adapters' input",
         ),
         PanelField(
             "lora.target_modules",
@@ -379,7 +374,6 @@ def panel_fields() -> list[PanelField]:
             "LoRA",
             "Target modules",
             placeholder="default auto (or all-linear, or q_proj, v_proj)",
-            help="'auto' (the model's usual attention projections), 'all-linear', or module names",
         ),
         PanelField(
             "quantization.bits",
@@ -388,7 +382,6 @@ def panel_fields() -> list[PanelField]:
             "Quantization",
             choices=(4, 8),
             default=_schema_default(QuantSettings, "bits"),
-            help="the bits each frozen weight is stored in (bitsandbytes)",
             option_labels={4: "4-bit", 8: "8-bit"},
         ),
         PanelField(
@@ -397,8 +390,7 @@ def panel_fields() -> list[PanelField]:
             "Data",
             "Training data",
             placeholder="data/train.jsonl",
-            help=".jsonl, .json, .csv, .parquet (the list offers those found here), a save_to_disk() "
-            "folder, or a Hub dataset id",
+            note="The list offers those found here.",
         ),
         PanelField(
             "data.dataset",
@@ -406,8 +398,6 @@ def panel_fields() -> list[PanelField]:
             "Data",
             "Dataset name",
             placeholder="only for a dataset_info.json",
-            help="a dataset named in the LLaMA-Factory dataset_info.json that Training data points at (or "
-            "its folder): its file, columns and tags are read from there",
         ),
         PanelField(
             "data.format",
@@ -416,7 +406,6 @@ def panel_fields() -> list[PanelField]:
             "Format",
             choices=DATA_FORMATS,
             default=_schema_default(DataSettings, "format"),
-            help="how the rows are laid out; auto tells from the first rows",
         ),
         PanelField(
             "data.eval_split",
@@ -424,7 +413,6 @@ def panel_fields() -> list[PanelField]:
             "Data",
             "Held out for eval",
             placeholder="e.g. 0.1 (none by default)",
-            help="fraction of the training rows held out for evaluation (0.1), or a number of rows (200)",
         ),
         PanelField(
             "rewards",
@@ -432,9 +420,6 @@ def panel_fields() -> list[PanelField]:
             "Data",
             "Rewards",
             placeholder="my_reward, format_reward, {model: RUN}",
-            help="objective: grpo / rloo: reward functions defined in the notebook, built-ins "
-            "(format_reward, length_reward), or a reward model {model: RUN} (an objective: reward run's "
-            "id or folder, a model folder or a Hub id)",
         ),
         *train("max_steps", "default -1 (train for the epochs)"),
         *train("num_train_epochs"),
@@ -452,7 +437,6 @@ def panel_fields() -> list[PanelField]:
             "Precision",
             choices=PRECISIONS,
             default=_schema_default(RunConfig, "precision"),
-            help="the number format of the weights and activations in training",
             option_labels=PRECISION_WORDS,
         ),
         PanelField(
@@ -461,7 +445,6 @@ def panel_fields() -> list[PanelField]:
             "Run",
             "Run name",
             placeholder="default <model>-<method>",
-            help="letters, digits, '.', '_' or '-'",
         ),
         PanelField(
             "distributed.strategy",
@@ -470,8 +453,7 @@ def panel_fields() -> list[PanelField]:
             "Distributed",
             choices=STRATEGY_CHOICES,
             default=_schema_default(DistributedSettings, "strategy"),
-            help="auto: one process per GPU found (DDP when several); none: one process; "
-            "zero1/2/3: DeepSpeed ZeRO; more settings (num_processes, offload, ...) in the YAML",
+            note="More settings (num_processes, offload, ...) in the YAML.",
             option_labels=STRATEGY_WORDS,
         ),
     ]

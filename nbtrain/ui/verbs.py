@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from nbtrain.control import grading
     from nbtrain.control import prepare as planning
     from nbtrain.control import start as api
+    from nbtrain.control.config import reference
     from nbtrain.control.runs import follow as following
     from nbtrain.control.runs import metrics as metrics_tail
     from nbtrain.control.runs import run as run_core
@@ -51,6 +52,7 @@ else:
     run_core = lazy_module("nbtrain.control.runs.run")
     run_api = lazy_module("nbtrain.ui.run")
     ui_text = lazy_module("nbtrain.ui.text")
+    reference = lazy_module("nbtrain.control.config.reference")
 
 Args = argparse.Namespace
 
@@ -854,6 +856,17 @@ TABLE: tuple[Verb, ...] = (
         "The warm process that starts runs in a fraction of a second: status (default), start or stop.",
         (arg("action", nargs="?", default="status", choices=["status", "start", "stop"]),),
         _warm,
+        _print_in_notebook,
+        _print,
+    ),
+    Verb(
+        "help",
+        "What a config key means: its type, default and examples (without KEY: every top-level key).",
+        (
+            arg("key", nargs="?", help="a key path: lora.r, data.train, distributed.slurm.time, train.beta"),
+            arg("--objective", default="sft", help="the objective whose TRL config train: keys are (sft)"),
+        ),
+        lambda a: reference.describe(a.key, a.objective) if a.key else reference.overview(),
         _print_in_notebook,
         _print,
     ),

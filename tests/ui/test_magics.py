@@ -44,6 +44,8 @@ def test_bad_input_fails_the_cell_with_one_usage_error_and_starts_nothing(workdi
         "%finetune stauts dry",
         "%finetune status --help",
         "%finetune run c.yaml --dry-run --name fromfile",
+        "%finetune help lora.r",
+        "%finetune help lora.rank",
     ]
     (workdir / "c.yaml").write_text(lora_yaml())
     nb = execute(cells, workdir, allow_errors=True)
@@ -66,6 +68,9 @@ def test_bad_input_fails_the_cell_with_one_usage_error_and_starts_nothing(workdi
     assert error_of(nb.cells[9]) is None
     assert help_.startswith("usage: %finetune status") and "A run's state" in help_
     assert "nbtrain dry run: fromfile (nothing started)" in text_of(nb.cells[10])
+    assert text_of(nb.cells[11]).startswith("lora.r: The rank of the adapter matrices")  # the field's words
+    err = error_of(nb.cells[12])
+    assert err is not None and "'lora.rank' is not an nbtrain config key; did you mean lora.r" in err[1]
     assert nbtrain.runs() == []
     assert not (workdir / "runs").exists()
 

@@ -363,51 +363,6 @@ def _nvml_memory() -> tuple[list[dict[str, Any]], str | None]:
 GPU_SAMPLER = GpuSampler()
 
 
-def _schema_keys(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Flatten the pydantic JSON schema into ``{"lora.r": {"type", "enum", "default", "description"}}``,
-    the shape an editor completer needs (one lookup per key path, no $ref resolution in TypeScript)."""
-    defs: dict[str, Any] = schema.get("$defs", {})
-
-    def resolve(node: dict[str, Any]) -> dict[str, Any]:
-        ref = node.get("$ref")
-        return resolve(defs[ref.rsplit("/", 1)[-1]]) if isinstance(ref, str) else node
-
-    def describe(node: dict[str, Any]) -> tuple[list[str], list[Any], dict[str, Any] | None]:
-        """(types, enum values, nested object schema) of a property, through anyOf / $ref."""
-        node = resolve(node)
-        types: list[str] = []
-        enum: list[Any] = list(node.get("enum", []))
-        if "const" in node:
-            enum.append(node["const"])
-        nested = node if node.get("type") == "object" and "properties" in node else None
-        if isinstance(node.get("type"), str):
-            types.append(node["type"])
-        for alt in node.get("anyOf", []):
-            t, e, n = describe(alt)
-            types += t
-            enum += e
-            nested = nested or n
-        return types, enum, nested
-
-    out: dict[str, dict[str, Any]] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for name, prop in node.get("properties", {}).items():
-            types, enum, nested = describe(prop)
-            key = f"{prefix}{name}"
-            info: dict[str, Any] = {"type": sorted(set(types)), "enum": enum or None}
-            if "default" in prop:
-                info["default"] = prop["default"]
-            if "description" in prop:
-                info["description"] = prop["description"]
-            out[key] = info
-            if nested is not None:
-                walk(nested, key + ".")
-
-    walk(schema, "")
-    return out
-
-
 def _train_keys(objective: str) -> dict[str, dict[str, Any]]:
     """``train.<name>`` entries for the TRL config of ``objective`` (what the validator accepts there)."""
     from nbtrain.control.config import trainargs
@@ -426,10 +381,11 @@ def _train_keys(objective: str) -> dict[str, dict[str, Any]]:
 
 def config_schema() -> dict[str, Any]:
     from nbtrain.contract.objectives import OBJECTIVES
+    from nbtrain.control.config.reference import schema_keys
     from nbtrain.control.config.schema import RunConfig
 
     schema = RunConfig.model_json_schema()
-    keys = _schema_keys(schema)
+    keys = schema_keys(schema)
     # train: takes the objective's TRL config names (SFTConfig unless the cell says `objective: dpo` ...);
     # `keys` carries SFT's, and `objectives` every objective's own train keys, so the editor can complete
     # what the validator will accept for the objective the cell names.

@@ -18,7 +18,7 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 import nbtrain
-from nbtrain.ui.server.handlers import GpuSampler, _LossTrail, _schema_keys
+from nbtrain.ui.server.handlers import GpuSampler, _LossTrail
 from tests.conftest import lora_yaml
 from tests.ui.server.fakes import make_run
 
@@ -376,16 +376,6 @@ def test_loss_trail_reads_only_what_was_appended_and_restarts_on_a_new_file(tmp_
     w.write({"step": 1, "loss": 5.0})
     w.close()
     assert trail.get(path) == (5.0, [5.0])
-
-
-def test_schema_keys_follow_refs_and_optional_objects() -> None:
-    schema = {
-        "properties": {"q": {"anyOf": [{"$ref": "#/$defs/Q"}, {"type": "null"}], "default": None}},
-        "$defs": {"Q": {"type": "object", "properties": {"bits": {"enum": [4, 8], "default": 4}}}},
-    }
-    keys = _schema_keys(schema)
-    assert keys["q"]["type"] == ["null", "object"]
-    assert keys["q.bits"] == {"type": [], "enum": [4, 8], "default": 4}
 
 
 LONG = lora_yaml(100_000).replace("  logging_steps: 1", "  logging_steps: 1\n  save_steps: 100000")

@@ -25,30 +25,148 @@ from nbtrain.control.config.schema.sections import (
 
 
 class RunConfig(Strict):
-    model: str = Field(min_length=1)
-    revision: str | None = Field(None, min_length=1)  # a Hub model's branch, tag or commit (default: main)
+    model: str = Field(
+        min_length=1,
+        description=(
+            "The model to fine-tune: a local folder saved with save_pretrained(), a Hub id (org/name), or a "
+            ".gguf file (converted once into a model folder)."
+        ),
+        examples=[
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "./models/my-model",
+            "./SmolLM2-135M-Instruct.Q4_1.gguf",
+        ],
+    )
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        description="A Hub model's branch, tag or commit (default: main).",
+        examples=["main", "v1.0"],
+    )
     # which .gguf file of a Hub repo (or of a folder holding several) model: means; nbtrain converts it
-    gguf_file: str | None = Field(None, min_length=1, pattern=r"(?i)^[^/\\]+\.gguf$")
-    method: Literal["auto", Method] = "lora"
+    gguf_file: str | None = Field(
+        None,
+        min_length=1,
+        pattern=r"(?i)^[^/\\]+\.gguf$",
+        description=(
+            "Which .gguf file of a Hub repo (or of a folder holding several) model: means; nbtrain converts "
+            "it once."
+        ),
+        examples=["model.Q4_1.gguf"],
+    )
+    method: Literal["auto", Method] = Field(
+        "lora",
+        description=(
+            "Which weights train: lora (small adapters), qlora (adapters on a 4/8-bit model: least memory), "
+            "full (every weight), or auto (chosen for the hardware found)."
+        ),
+    )
     # objective: what the training optimises; method: (above) which weights train. Orthogonal.
-    objective: ObjectiveName = "sft"
+    objective: ObjectiveName = Field(
+        "sft",
+        description=(
+            "What training optimises: sft (imitate answers), dpo / orpo (prefer chosen over rejected), kto "
+            "(desirable / undesirable completions), reward (a reward model from chosen / rejected pairs), "
+            "grpo / rloo (online RL from reward functions or a reward model)."
+        ),
+    )
     # grpo / rloo: notebook functions, built-ins (nbtrain.contract.rewards) or reward models {model: ...}
-    rewards: list[str | RewardModelRef] | None = None
-    hooks: HooksSettings | None = None  # notebook functions and classes (nbtrain.contract.hooks)
-    batch_size: int | None = Field(None, gt=0)  # effective batch; with per_device_train_batch_size: auto
-    data: DataSettings
-    train: dict[str, Any] = Field(default_factory=dict)
-    lora: LoraSettings | None = None
-    quantization: QuantSettings | None = None
-    vision: VisionSettings | None = None  # a vision-language model's (filled in when the model is one)
-    precision: Literal["auto", Precision] = "auto"
-    resume: Literal["never", "auto"] = "never"
-    distributed: DistributedSettings = Field(default_factory=lambda: DistributedSettings.model_validate({}))
-    trust_remote_code: bool = False
+    rewards: list[str | RewardModelRef] | None = Field(
+        None,
+        description=(
+            "objective: grpo / rloo: reward functions defined in the notebook, built-ins (format_reward, "
+            "length_reward), or a reward model {model: RUN} (an objective: reward run's id or folder, a "
+            "model folder or a Hub id)."
+        ),
+        examples=[["length_reward"], [{"model": "my-reward-run"}]],
+    )
+    hooks: HooksSettings | None = Field(
+        None,
+        description=(
+            "Notebook functions and classes the training calls: callbacks, compute_metrics, loss, preprocess."
+        ),
+    )
+    batch_size: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "The effective batch (rows per optimizer step); nbtrain splits it into a per-device batch and "
+            "gradient accumulation that fit."
+        ),
+        examples=[32],
+    )
+    data: DataSettings = Field(
+        description=(
+            "The training data (data: train:) and how to read it: format, columns, evaluation split, mixing."
+        )
+    )
+    train: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Any field of the objective's TRL config (SFTConfig, DPOConfig, ...): learning_rate, "
+            "num_train_epochs, max_steps, max_length, ... checked against the installed TRL."
+        ),
+        examples=[{"learning_rate": 0.0002, "num_train_epochs": 1}],
+    )
+    lora: LoraSettings | None = Field(
+        None,
+        description=(
+            "The LoRA adapters (method: lora / qlora): r, alpha, dropout, target_modules, and any field of "
+            "peft's LoraConfig."
+        ),
+    )
+    quantization: QuantSettings | None = Field(
+        None, description="method: qlora: how the frozen model is quantised (bitsandbytes)."
+    )
+    vision: VisionSettings | None = Field(
+        None,
+        description=(
+            "A vision-language model: which of its parts stay frozen, and the image numbers for the memory "
+            "estimate."
+        ),
+    )
+    precision: Literal["auto", Precision] = Field(
+        "auto",
+        description=(
+            "The number format of weights and activations in training: auto (bf16 where the hardware has it, "
+            "else fp16 or fp32), bf16, fp16 or fp32."
+        ),
+    )
+    resume: Literal["never", "auto"] = Field(
+        "never",
+        description=(
+            "auto: a run of this name that stopped goes on from its last complete checkpoint; never: always a"
+            " new run."
+        ),
+    )
+    distributed: DistributedSettings = Field(
+        default_factory=lambda: DistributedSettings.model_validate({}),
+        description=(
+            "How the run spreads over GPUs and machines: strategy (DDP, DeepSpeed ZeRO, FSDP), offload, "
+            "processes, nodes, SLURM."
+        ),
+    )
+    trust_remote_code: bool = Field(
+        False,
+        description=(
+            "Run the model repository's own Python code (models transformers does not ship). Off unless you "
+            "trust the repository."
+        ),
+    )
     # A training loss or gradient norm that turns NaN/inf: fail the run at that step (no checkpoint of the
     # broken weights), or go on (the Trainer's own behaviour; the metrics flag the steps).
-    on_nan: Literal["fail", "continue"] = "fail"
-    name: str | None = None
+    on_nan: Literal["fail", "continue"] = Field(
+        "fail",
+        description=(
+            "A loss or gradient norm that turns NaN/inf: fail the run at that step (no checkpoint of the "
+            "broken weights), or continue."
+        ),
+    )
+    name: str | None = Field(
+        None,
+        description="The run's name (1-64 letters, digits, '.', '_' or '-'); the run id adds a time stamp.",
+        examples=["smollm2-lora"],
+    )
 
     @field_validator("rewards", mode="before")
     @classmethod

@@ -29,11 +29,30 @@ class LoraSettings(BaseModel):
     # peft's dataclass in method_sections (trainargs.check_lora_key / check_lora_value)
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
-    r: int = Field(8, gt=0, le=4096)
-    alpha: float = Field(16, gt=0)
-    dropout: float = Field(0.05, ge=0, lt=1)
-    target_modules: str | list[str] = "auto"
-    bias: Literal["none", "all", "lora_only"] = "none"
+    r: int = Field(
+        8,
+        gt=0,
+        le=4096,
+        description="The rank of the adapter matrices: higher learns more and costs more memory.",
+        examples=[8, 16, 64],
+    )
+    alpha: float = Field(
+        16, gt=0, description="The adapters' scale: alpha / r multiplies their output.", examples=[16, 32]
+    )
+    dropout: float = Field(
+        0.05, ge=0, lt=1, description="Dropout on the adapters' input (0 to 1).", examples=[0.05]
+    )
+    target_modules: str | list[str] = Field(
+        "auto",
+        description=(
+            "Which layers get adapters: 'auto' (the model's usual attention projections), 'all-linear', or a "
+            "list of module names."
+        ),
+        examples=["auto", "all-linear", ["q_proj", "v_proj"]],
+    )
+    bias: Literal["none", "all", "lora_only"] = Field(
+        "none", description="Which biases train besides the adapters: none, all, or lora_only."
+    )
 
     @field_validator("target_modules", mode="before")
     @classmethod
@@ -54,17 +73,43 @@ class VisionSettings(Strict):
     encoder and the projector into the language model both do (LoRA then trains the language model only);
     ``encoder`` trains the projector too, ``none`` the encoder as well."""
 
-    freeze: Literal["encoder+projector", "encoder", "none"] = "encoder+projector"
+    freeze: Literal["encoder+projector", "encoder", "none"] = Field(
+        "encoder+projector",
+        description=(
+            "What stays frozen: encoder+projector (LoRA trains the language model only), encoder (the "
+            "projector trains too), or none."
+        ),
+    )
     # For the memory estimate: the most images one row holds (default: counted in the data's first rows)
     # and the tokens each image becomes (default: from the model's config and image processor).
-    images_per_row: int | None = Field(None, ge=0, le=1024)
-    image_tokens: int | None = Field(None, gt=0, le=1_000_000)
+    images_per_row: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description=(
+            "For the memory estimate: the most images one row holds (default: counted in the data's first "
+            "rows)."
+        ),
+    )
+    image_tokens: int | None = Field(
+        None,
+        gt=0,
+        le=1_000_000,
+        description=(
+            "For the memory estimate: the tokens each image becomes (default: from the model's config and "
+            "image processor)."
+        ),
+    )
 
 
 class QuantSettings(Strict):
-    bits: Literal[4, 8] = 4
-    quant_type: Literal["nf4", "fp4"] = "nf4"
-    double_quant: bool = True
+    bits: Literal[4, 8] = Field(4, description="The bits each frozen weight is stored in: 4 or 8.")
+    quant_type: Literal["nf4", "fp4"] = Field(
+        "nf4", description="4-bit: nf4 (normal float, the usual choice) or fp4."
+    )
+    double_quant: bool = Field(
+        True, description="Quantise the quantisation constants too (saves ~0.4 bits a weight)."
+    )
 
 
 def checked_columns(v: dict[str, str]) -> dict[str, str]:
@@ -100,14 +145,42 @@ DataFormat = Literal["auto", "messages", "alpaca", "sharegpt", "text", "preferen
 class DataSourceSettings(Strict):
     """One entry of ``data: train:`` as a list: several datasets mixed (by weight, or concatenated)."""
 
-    path: str = Field(min_length=1)
-    weight: float | None = Field(None, gt=0)  # relative; normalised to probabilities over the list
-    format: DataFormat | None = None  # default: data: format:
-    columns: Columns | None = None  # default: data: columns:
-    split: str | None = Field(None, min_length=1)  # hub / save_to_disk datasets with several splits
-    data_files: str | list[str] | None = None  # a hub dataset: which of its files (glob patterns)
+    path: str = Field(
+        min_length=1,
+        description=(
+            "A data file (.jsonl, .json, .csv, .parquet), a save_to_disk() folder, a Hub dataset id, or a "
+            "dataset_info.json."
+        ),
+        examples=["data/train.jsonl", "org/dataset"],
+    )
+    weight: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "The source's share when sources are mixed (relative; normalised over the list). Give every "
+            "source one, or none (concatenated)."
+        ),
+        examples=[0.7],
+    )
+    format: DataFormat | None = Field(None, description="This source's layout (default: data: format:).")
+    columns: Columns | None = Field(
+        None,
+        description="This source's column names, {nbtrain's name: its column} (default: data: columns:).",
+    )
+    split: str | None = Field(
+        None, min_length=1, description="A Hub or save_to_disk() dataset's split.", examples=["train"]
+    )
+    data_files: str | list[str] | None = Field(
+        None, description="A Hub dataset: which of its files (glob patterns).", examples=["data/*.parquet"]
+    )
     # a dataset named in the LLaMA-Factory dataset_info.json that path names (or its folder)
-    dataset: str | None = Field(None, min_length=1)
+    dataset: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "A dataset named in the LLaMA-Factory dataset_info.json that path: names (or its folder)."
+        ),
+    )
 
 
 STOPPING_STRATEGIES = ("all_exhausted", "first_exhausted", "all_exhausted_without_replacement")
@@ -115,25 +188,85 @@ STOPPING_STRATEGIES = ("all_exhausted", "first_exhausted", "all_exhausted_withou
 
 class DataSettings(Strict):
     # a path or hub id, or a list of sources [{path, weight?, format?, columns?, split?}, ...]
-    train: str | list[DataSourceSettings]
-    format: DataFormat = "auto"
+    train: str | list[DataSourceSettings] = Field(
+        description=(
+            "The training rows: a path or Hub id, or a list of sources [{path, weight?, format?, columns?, "
+            "split?}, ...]."
+        ),
+        examples=[
+            "data/train.jsonl",
+            [{"path": "a.jsonl", "weight": 0.7}, {"path": "b.jsonl", "weight": 0.3}],
+        ],
+    )
+    format: DataFormat = Field(
+        "auto",
+        description=(
+            "How the rows are laid out: auto (told from the first rows), messages, alpaca, sharegpt, text, "
+            "preference, unpaired or prompt."
+        ),
+    )
     # a fraction of the training rows (0.1), or a number of rows (200; the only choice when streaming)
-    eval_split: float | int | None = None
-    eval: str | None = None
-    max_samples: int | None = Field(None, gt=0)
+    eval_split: float | int | None = Field(
+        None,
+        description=(
+            "Rows held out for evaluation: a fraction (0.1) or a number of rows (200; the only choice when "
+            "streaming)."
+        ),
+        examples=[0.1, 200],
+    )
+    eval: str | None = Field(
+        None,
+        description="A separate evaluation file or Hub id (instead of eval_split).",
+        examples=["data/eval.jsonl"],
+    )
+    max_samples: int | None = Field(
+        None, gt=0, description="Use at most this many training rows.", examples=[1000]
+    )
     # {nbtrain's name: the dataset's column}, e.g. {prompt: question, chosen: good, rejected: bad}
-    columns: Columns | None = None
+    columns: Columns | None = Field(
+        None,
+        description=(
+            "{nbtrain's name: your dataset's column}, e.g. {prompt: question, chosen: good, rejected: bad}."
+        ),
+        examples=[{"prompt": "question", "completion": "answer"}],
+    )
     # a dataset named in the LLaMA-Factory dataset_info.json that train: names (or the folder holding it):
     # data: {train: data/dataset_info.json, dataset: my_set}; a train: list takes dataset: per source
-    dataset: str | None = Field(None, min_length=1)
+    dataset: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "A dataset named in the LLaMA-Factory dataset_info.json that train: names (or the folder holding "
+            "it)."
+        ),
+        examples=["my_set"],
+    )
     # read the data as it trains (datasets' IterableDataset): for data larger than memory
-    streaming: bool = False
+    streaming: bool = Field(
+        False,
+        description=(
+            "Read the data as it trains (an IterableDataset), for data larger than memory; needs train: "
+            "max_steps."
+        ),
+    )
     # LLaMA-Factory's mask_history: a conversation trains on its last assistant turn only (SFT)
-    mask_history: bool = False
+    mask_history: bool = Field(
+        False,
+        description=(
+            "SFT conversations: train on each conversation's last assistant turn only (LLaMA-Factory's "
+            "mask_history)."
+        ),
+    )
     # how weighted sources are mixed (datasets.interleave_datasets): all_exhausted = until every source
     # has been seen once (smaller ones repeat), first_exhausted = until one runs out
     stopping_strategy: Literal["all_exhausted", "first_exhausted", "all_exhausted_without_replacement"] = (
-        "all_exhausted"
+        Field(
+            "all_exhausted",
+            description=(
+                "How weighted sources are mixed: all_exhausted (until every source was seen once; smaller "
+                "ones repeat), first_exhausted (until one runs out), or all_exhausted_without_replacement."
+            ),
+        )
     )
 
     @field_validator("train")
@@ -196,24 +329,53 @@ class DataSettings(Strict):
 class SlurmSettings(Strict):
     """``distributed: slurm:``: the run is an sbatch job (any number of nodes, one too)."""
 
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    time: str = "04:00:00"
-    mem: str | None = None  # per node, as sbatch takes it: "32G"
-    gpus_per_node: int | None = Field(None, gt=0)
-    cpus_per_task: int | None = Field(None, gt=0)
-    exclusive: bool = False
+    partition: str | None = Field(None, description="The SLURM partition to submit to.", examples=["gpu"])
+    account: str | None = Field(
+        None, description="The SLURM account the job is charged to.", examples=["lab"]
+    )
+    qos: str | None = Field(None, description="The SLURM quality of service.", examples=["normal"])
+    constraint: str | None = Field(
+        None, description="Node features the job needs (sbatch --constraint).", examples=["a100"]
+    )
+    time: str = Field(
+        "04:00:00",
+        description="The job's time limit, as sbatch takes it (minutes, HH:MM:SS, D-HH:MM:SS).",
+        examples=["06:00:00"],
+    )
+    mem: str | None = Field(None, description="Memory per node, as sbatch takes it.", examples=["32G"])
+    gpus_per_node: int | None = Field(None, gt=0, description="GPUs per node.", examples=[4])
+    cpus_per_task: int | None = Field(None, gt=0, description="CPUs for each node's task.", examples=[16])
+    exclusive: bool = Field(False, description="Take whole nodes (sbatch --exclusive).")
     # auto: a job that nears its time limit stops at a checkpoint signal_before s before it, is requeued and
     # goes on from that checkpoint, at most max_requeues times; a job SLURM preempts or whose node fails is
     # requeued by SLURM and goes on from the last complete checkpoint. never: it stops there (resume by hand)
-    requeue: Literal["auto", "never"] = "auto"
-    max_requeues: int = Field(10, ge=0)
+    requeue: Literal["auto", "never"] = Field(
+        "auto",
+        description=(
+            "auto: near its time limit the run stops at a checkpoint, the job requeues and goes on from there"
+            " (and a preempted job or one whose node failed goes on from its last checkpoint); never: it "
+            "stops (resume by hand)."
+        ),
+    )
+    max_requeues: int = Field(
+        10, ge=0, description="requeue: auto: at most this many requeues for the time limit."
+    )
     # seconds before the job's time limit the run stops at a checkpoint; 0: not at all, SLURM ends the job at
     # its limit (TIMEOUT) and resume goes on from the last complete checkpoint
-    signal_before: int = Field(120, ge=0)
-    extra: list[str] = Field(default_factory=list)  # more "#SBATCH ..." options, written as given
+    signal_before: int = Field(
+        120,
+        ge=0,
+        description=(
+            "Seconds before the time limit the run stops at a checkpoint; 0: not at all (SLURM ends the job "
+            "at its limit)."
+        ),
+        examples=[120],
+    )
+    extra: list[str] = Field(
+        default_factory=list,
+        description="More sbatch options, one per line, written as given.",
+        examples=[["--mail-type=END"]],
+    )
 
     @field_validator("partition", "account", "qos", "constraint", "time", "mem")
     @classmethod
@@ -243,11 +405,26 @@ _HookName = Annotated[str, AfterValidator(python_name)]
 class HooksSettings(Strict):
     """``hooks:``: notebook objects the worker calls (nbtrain.contract.hooks says how each is called)."""
 
-    callbacks: list[_HookName] | None = None
-    compute_metrics: _HookName | None = None
-    loss: _HookName | None = None
-    preprocess: _HookName | None = None
-    preprocess_logits_for_metrics: _HookName | None = None
+    callbacks: list[_HookName] | None = Field(
+        None, description="Notebook TrainerCallback classes to add to the trainer.", examples=[["MyCallback"]]
+    )
+    compute_metrics: _HookName | None = Field(
+        None,
+        description=(
+            "A notebook function computing evaluation metrics from predictions (the Trainer's "
+            "compute_metrics)."
+        ),
+        examples=["exact_match"],
+    )
+    loss: _HookName | None = Field(
+        None, description="A notebook function computing the training loss (the Trainer's compute_loss_func)."
+    )
+    preprocess: _HookName | None = Field(
+        None, description="A notebook function applied to each row before formatting."
+    )
+    preprocess_logits_for_metrics: _HookName | None = Field(
+        None, description="A notebook function reducing the logits before compute_metrics."
+    )
 
     @field_validator("callbacks", mode="before")
     @classmethod
@@ -263,17 +440,59 @@ class HooksSettings(Strict):
 
 
 class DistributedSettings(Strict):
-    strategy: Literal["auto", Strategy] = "auto"
-    offload: Offload = "none"
-    num_processes: Literal["auto"] | int = "auto"  # per node
-    launcher: Literal["auto", Launcher] = "auto"
-    nodes: int = Field(1, ge=1)
-    hostfile: str | None = None
-    slurm: SlurmSettings | None = None
-    deepspeed_config: str | None = None
-    nvme_path: str | None = None  # offload: nvme: a folder on a fast local disk for ZeRO-Infinity's swaps
-    master_addr: str | None = None  # multi-node: the address of node 0 as the others reach it
-    master_port: int | None = Field(None, gt=0, lt=65536)
+    strategy: Literal["auto", Strategy] = Field(
+        "auto",
+        description=(
+            "auto (one process per GPU, DDP when several), none, ddp, zero1/zero2/zero3 (DeepSpeed ZeRO), or "
+            "fsdp."
+        ),
+    )
+    offload: Offload = Field(
+        "none",
+        description=(
+            "DeepSpeed: where optimizer state (and with zero3, parameters) live: none, cpu or nvme "
+            "(ZeRO-Infinity, with nvme_path)."
+        ),
+    )
+    num_processes: Literal["auto"] | int = Field(
+        "auto", description="Processes per node: auto (one per GPU) or a number.", examples=["auto", 2]
+    )
+    launcher: Literal["auto", Launcher] = Field(
+        "auto",
+        description=(
+            "What starts the processes: auto, torchrun, deepspeed, accelerate, or notebook (accelerate's "
+            "notebook_launcher)."
+        ),
+    )
+    nodes: int = Field(
+        1, ge=1, description="Machines the run spans (with hostfile: or slurm:).", examples=[2]
+    )
+    hostfile: str | None = Field(
+        None,
+        description="Multi-node without SLURM: a file listing the hosts (one per line, 'host slots=N').",
+        examples=["hosts.txt"],
+    )
+    slurm: SlurmSettings | None = Field(
+        None,
+        description="Submit the run as an sbatch job (one node or several), with these settings.",
+        examples=[{"partition": "gpu", "time": "06:00:00", "gpus_per_node": 4}],
+    )
+    deepspeed_config: str | None = Field(
+        None,
+        description="Your own DeepSpeed JSON file (checked; its 'auto' values filled in).",
+        examples=["ds_config.json"],
+    )
+    nvme_path: str | None = Field(
+        None,
+        description="offload: nvme: a folder on a fast local disk for ZeRO-Infinity's swap files.",
+        examples=["/local/nvme"],
+    )
+    master_addr: str | None = Field(
+        None, description="Multi-node: the address of node 0 as the other nodes reach it."
+    )
+    master_port: int | None = Field(
+        None, gt=0, lt=65536, description="Multi-node: the rendezvous port on node 0."
+    )
 
     @field_validator("num_processes")
     @classmethod
@@ -287,4 +506,9 @@ class RewardModelRef(Strict):
     """A reward model in ``rewards:``: ``{model: <run id, run directory, model folder or Hub id>}`` (checked
     and made absolute by ``nbtrain.control.config.rewardmodels``)."""
 
-    model: str = Field(min_length=1)
+    model: str = Field(
+        min_length=1,
+        description=(
+            "A reward model: an objective: reward run (its id, name or folder), a model folder, or a Hub id."
+        ),
+    )
