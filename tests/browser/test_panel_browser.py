@@ -82,6 +82,8 @@ def test_panel_form_and_to_cell_inserts_a_runnable_cell_at_once(
         assert labels and not [lab for lab in labels if lab["cut"]], labels
         lr = next(lab for lab in labels if lab["text"] == "Learning rate")
         assert lr["title"].startswith("train.learning_rate"), lr
+        rank = next(lab for lab in labels if lab["text"] == "LoRA rank")  # the config field's own words
+        assert rank["title"].startswith("lora.r: The rank of the adapter matrices"), rank
         model_box = panel.locator("input[placeholder='./model-dir or org/name']")
         options = model_box.evaluate("i => [...(i.list ? i.list.options : [])].map(o => o.value)")
         assert "./tiny-llama" in options
