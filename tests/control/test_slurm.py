@@ -177,7 +177,9 @@ def test_inside_an_allocation_the_run_starts_with_srun_on_its_nodes_instead_of_a
     salloc = shutil.which("salloc") or "salloc"
     out = subprocess.run(
         [salloc, "-N2", sys.executable, "inside.py", on_slurm(20, nodes=2)],
-        cwd=workdir, env=cluster.env, capture_output=True, text=True, timeout=400,
+        # this test's NBTRAIN_HOME and runs folder (cluster.env is the session's, from before they were set)
+        cwd=workdir, env={**os.environ, "SLURM_CONF": str(cluster.conf)}, capture_output=True, text=True,
+        timeout=400,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
