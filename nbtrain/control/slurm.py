@@ -450,11 +450,10 @@ def _in_job(argv: list[str]) -> int:
         write_status(paths, "stopped", note=f"SLURM requeued job {job}", stop_reason="slurm-requeued")
     elif raw.get("state") not in ("stopped", "failed"):
         raise SystemExit(f"nbtrain: run {paths.root} is {raw.get('state')}: not resumed")
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     with writer_lock(run):
-        prepare_resume(run, job=job, restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
-    print(
-        f"nbtrain: SLURM job {job} restart {os.environ.get('SLURM_RESTART_COUNT', '?')}: resuming", flush=True
-    )
+        prepare_resume(run, job=job, restarts=restarts)
+    print(f"nbtrain: SLURM job {job} restart {restarts}: resuming", flush=True)
     return 0
 
 

@@ -279,13 +279,8 @@ def prepare_resume(run: Run, *, job: str | None = None, restarts: int = 0) -> Pr
     write_launch_files(prep.plan, run.dir)
     for f in ("stop", "checkpoint"):
         run.paths.control_file(f).unlink(missing_ok=True)
-    if job is not None:
-        write_status(
-            run.paths, "queued", step=step, resumed_from=step, attempt=attempt, slurm_job=job,
-            slurm_restarts=restarts,
-        )  # fmt: skip
-    else:
-        write_status(run.paths, "queued", step=step, resumed_from=step, attempt=attempt)
+    in_job: dict[str, Any] = {"slurm_job": job, "slurm_restarts": restarts} if job is not None else {}
+    write_status(run.paths, "queued", step=step, resumed_from=step, attempt=attempt, **in_job)
     return prep
 
 

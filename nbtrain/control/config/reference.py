@@ -65,7 +65,7 @@ def schema_keys(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 if k in prop:
                     info[k] = prop[k]
             out[key] = info
-            if nested is not None and key != "train":
+            if nested is not None:
                 walk(nested, key + ".")
 
     walk(schema, "")
@@ -153,12 +153,11 @@ def markdown() -> str:
         "train.learning_rate`.",
         "",
     ]
+    parents = {k.split(".")[0] for k in table if "." in k}  # keys with keys of their own: a section each
     sections: dict[str, list[str]] = {}
     for key in table:
         top = key.split(".")[0]
-        sections.setdefault(
-            top if "." in key or any(k.startswith(key + ".") for k in table) else "", []
-        ).append(key)
+        sections.setdefault(top if top in parents else "", []).append(key)
     for section, members in [("", sections.get("", [])), *[(s, m) for s, m in sections.items() if s]]:
         out += [f"## {section + ':' if section else 'Top-level keys'}", ""]
         out += ["| key | type | default | meaning |", "|---|---|---|---|"]

@@ -13,7 +13,8 @@ from typing import Any
 
 from nbtrain.contract.gguf import is_gguf
 from nbtrain.control.config.problems import Problems
-from nbtrain.control.config.schema.sections import HUB_MODEL
+
+HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # org/name, or a bare name
 
 
 @lru_cache(maxsize=4)

@@ -4,7 +4,6 @@ the checks of one value live here; the rules that look at several keys or at the
 
 from nbtrain.control.config.schema.run import Resolved, RunConfig
 from nbtrain.control.config.schema.sections import (
-    HUB_MODEL,
     NAME_RE,
     STOPPING_STRATEGIES,
     DataSettings,
@@ -20,7 +19,6 @@ from nbtrain.control.config.schema.sections import (
 )
 
 __all__ = [
-    "HUB_MODEL",
     "NAME_RE",
     "STOPPING_STRATEGIES",
     "DataSettings",

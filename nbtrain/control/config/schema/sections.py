@@ -15,7 +15,6 @@ from nbtrain.control.config import trainargs
 from nbtrain.control.config.choices import Launcher, Offload, Strategy
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 class Strict(BaseModel):
