@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from nbtrain.contract.objectives import PACKED_MODEL_TYPES
+
 torch = pytest.importorskip("torch")
 
 
@@ -93,3 +95,52 @@ def test_only_a_causal_decoders_right_padding_mask_is_left_out() -> None:
     positions = {**right, "position_ids": torch.zeros(2, 3)}
     for kept, model_type in ((left, "llama"), (holed, "llama"), (positions, "llama"), (right, "qwen2_vl")):
         assert without_right_padding_mask(kept, model_type) is kept
+
+
+@pytest.mark.parametrize("model_type", PACKED_MODEL_TYPES)
+def test_the_head_at_labelled_positions_only_gives_the_models_own_loss_and_gradients(model_type: str) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from nbtrain.worker.recipes.sft import labelled_positions_loss
+
+    tiny = {
+        "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "pad_token_id": 0,
+    }  # fmt: skip
+    gpt2 = {"vocab_size": 300, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}
+    config = AutoConfig.for_model(model_type, **(gpt2 if model_type == "gpt2" else tiny))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()  # (no dropout: both forwards see the same)
+    ids = torch.randint(3, 300, (3, 12))
+    labels = ids.clone()
+    labels[0, :5] = labels[1, :8] = labels[2, 10:] = -100  # prompts and padding: no label
+    batch = {"input_ids": ids, "attention_mask": (labels[:, :] != -100) | (torch.arange(12) < 10)}
+
+    def grads() -> list[Any]:
+        out = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad()
+        return out
+
+    for items in (None, torch.tensor(30)):  # a mean, or a sum over an accumulated batch's 30 labels
+        kwargs = {} if items is None else {"num_items_in_batch": items}
+        want = model(**batch, labels=labels, use_cache=False, **kwargs).loss
+        want.backward()
+        want_grads = grads()
+        got, logp, targets = labelled_positions_loss(model, {**batch, "labels": labels}, items)
+        got.backward()
+        assert logp.shape == (int((labels[:, 1:] != -100).sum()), 300)  # only where a label is
+        torch.testing.assert_close(logp.exp().sum(-1), torch.ones(len(logp)))  # log-probabilities
+        assert targets.tolist() == labels[:, 1:][labels[:, 1:] != -100].tolist()
+        assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
+        for a, b in zip(grads(), want_grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_entropy_and_argmax_from_log_probabilities_match_the_logits() -> None:
+    from nbtrain.worker.recipes.sft import _entropy, entropy_and_argmax
+
+    torch.manual_seed(0)
+    logits = torch.randn(37, 1000) * 3  # not a whole number of chunks
+    entropy, top = entropy_and_argmax(logits.log_softmax(-1))
+    torch.testing.assert_close(entropy, _entropy(logits), rtol=1e-5, atol=1e-5)
+    assert top.tolist() == logits.argmax(-1).tolist()
