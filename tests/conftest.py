@@ -92,8 +92,8 @@ def smollm2(smollm2_gguf: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny LLaVA-style vision-language model (nbtrain.examples_vision), built once per session."""
-    from nbtrain.examples_vision import make_tiny_vlm
+    """The tiny LLaVA-style vision-language model (nbtrain.examples.vision), built once per session."""
+    from nbtrain.examples.vision import make_tiny_vlm
 
     return make_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny-llava", "llava")
 
@@ -101,7 +101,7 @@ def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def vision_workdir(tmp_path: Path, tiny_vlm: Path) -> Path:
     """A notebook directory with ./tiny-llava and the colour task in data/colours.jsonl (+ data/img/)."""
-    from nbtrain.examples_vision import write_image_dataset
+    from nbtrain.examples.vision import write_image_dataset
 
     (tmp_path / "tiny-llava").symlink_to(tiny_vlm)
     write_image_dataset(tmp_path / "data" / "colours.jsonl", n=48)
@@ -184,7 +184,7 @@ def tool_chat_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) ->
     chat-with-tools tests; use it read-only."""
     import nbtrain
     from nbtrain.contract.errors import NbtrainError
-    from nbtrain.examples_tools import tool_model
+    from nbtrain.examples.tools import tool_model
 
     work = tmp_path_factory.mktemp("chat-tools")
     model = tool_model(tiny_model, work / "tiny-tools")

@@ -111,7 +111,7 @@ def objective(name: str) -> Objective:
 
 
 # --- SFT's loss path: shared by the worker (worker/recipes/sft.py picks it) and the estimator
-# (control/memory.py counts what it keeps), so the two cannot disagree.
+# (control/memory counts what it keeps), so the two cannot disagree.
 #
 # A batch whose float32 logits are at most this many bytes is scored whole (the model's own loss, the
 # logits built); a bigger one goes through TRL's fused LM head, which never builds them. On a CPU, RAM is

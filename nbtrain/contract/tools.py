@@ -226,7 +226,7 @@ CALL_STYLES = {
     "hermes": "<tool_call>{JSON}</tool_call> (Hermes, Qwen 2.5 / 3, SmolLM3)",
     "mistral": "[TOOL_CALLS][{JSON}, ...] or [TOOL_CALLS]NAME[ARGS]{JSON} (Mistral)",
     "llama3": "a JSON object {name, parameters} as the whole answer (Llama 3.x)",
-    "nbtrain": "<call>NAME {JSON}</call> (nbtrain.examples_tools.TOOLS_TEMPLATE)",
+    "nbtrain": "<call>NAME {JSON}</call> (nbtrain.examples.tools.TOOLS_TEMPLATE)",
 }
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _NBTRAIN = re.compile(r"<call>(\w[\w.-]*) (.*?)</call>", re.DOTALL)
@@ -359,5 +359,5 @@ def tools_left_out(rendered: str) -> str | None:
 TEMPLATE_FIX = (
     "use a model whose template renders tools (a 'tools' argument and assistant 'tool_calls'), or set "
     "chat_template: chatml-tools (built in, for ChatML models) or chat_template: to a Jinja template file "
-    "that does (TRL's train: chat_template_path; nbtrain.examples_tools.TOOLS_TEMPLATE is a small one)"
+    "that does (TRL's train: chat_template_path; nbtrain.examples.tools.TOOLS_TEMPLATE is a small one)"
 )

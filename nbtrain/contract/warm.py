@@ -17,6 +17,7 @@ One request on a fresh connection: a 4-byte big-endian length, then that much JS
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -139,3 +140,18 @@ def recv_reply(sock: socket.socket) -> dict[str, Any]:
     if not isinstance(reply, dict):
         raise ValueError("warm reply is not an object")
     return reply
+
+
+def held(lock: Path) -> bool:
+    """Whether a warm process holds ``lock`` (it takes it first thing and keeps it while it lives)."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the lock this probe may have taken
+    return False

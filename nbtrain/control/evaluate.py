@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import read_json
-from nbtrain.control.export import has_trained_weights
 from nbtrain.control.process import run_job
-from nbtrain.control.runs.run import Run, get_run
+from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 
 if TYPE_CHECKING:
     import pandas as pd

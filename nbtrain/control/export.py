@@ -25,7 +25,7 @@ from typing import Any
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.control.process import run_job
-from nbtrain.control.runs.run import Run, get_run, last_checkpoint
+from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 
 FORMATS = ("hf", "gguf")
 DTYPES = ("auto", "fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
@@ -73,15 +73,6 @@ def gguf_table(report: dict[str, Any]) -> str:
 
 def _print(text: str) -> None:
     print(text, flush=True)
-
-
-def has_trained_weights(run: Run) -> bool:
-    out = run.paths.output
-    return (
-        (out / "adapter_config.json").exists()
-        or (out / "config.json").exists()
-        or (last_checkpoint(run) is not None)
-    )
 
 
 def _quants(quant: str | list[str] | None) -> list[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract import __version__, hooks, rewards
-from nbtrain.contract.errors import ConfigError, NbtrainError, Problem
+from nbtrain.contract.errors import ConfigError, NbtrainError, Problem, RunNotFound
 from nbtrain.contract.notebook import notebook_namespace
 from nbtrain.contract.objectives import rewards_objectives
 from nbtrain.control import hub
@@ -35,14 +35,15 @@ from nbtrain.control.memory import (
     Estimate,
     count_vision_parameters,
     is_vision_language,
-    load_model_config,
     tokens_per_image,
 )
 from nbtrain.control.plan.accelerators import accelerator_problems
 from nbtrain.control.plan.distributed import deepspeed_config
 from nbtrain.control.plan.estimates import compare_table, request_for
+from nbtrain.control.plan.facts import model_config
 from nbtrain.control.plan.fit import Fit, fits
 from nbtrain.control.plan.planner import Plan, estimate_for, make_plan, train_args
+from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 from nbtrain.hardware import Hardware
 from nbtrain.hardware import probe as probe_hardware
 
@@ -76,9 +77,7 @@ class Prepared:
         when no estimate could be made (the model's config.json is not on this machine)."""
         if self.plan.estimate is None:
             return None
-        mc = load_model_config(
-            self.resolved.config.model, self.resolved.config.revision, self.resolved.config.gguf_file
-        )
+        mc = model_config(self.resolved)
         if mc is None:
             return None
         est = estimate_for(self.resolved.config, self.plan, mc)
@@ -160,6 +159,27 @@ class Prepared:
         return f"<pre>{html.escape(self.summary())}</pre>"
 
 
+class RegisteredRuns:
+    """The runs as the config's reward-model rule asks about them (config.rewardmodels.RunLookup): found
+    in the registry by id, prefix or name, and whether they have trained weights yet."""
+
+    def run_dir(self, ref: str) -> Path | None:
+        try:
+            return get_run(ref).dir
+        except RunNotFound:
+            return None
+
+    def weights_problem(self, run_dir: Path, name: str) -> str | None:
+        run = Run(run_dir)
+        if has_trained_weights(run):
+            return None
+        return (
+            f"run {name} ({run.status().state}) has no trained weights yet (no output/ and no complete "
+            f"checkpoint); wait for it to finish (run.wait()), or ask it for a checkpoint (%finetune "
+            f"checkpoint {name})"
+        )
+
+
 def prepare(
     config: str | Path | dict[str, Any],
     *,
@@ -182,7 +202,7 @@ def prepare(
     """
     preset = find_preset()  # instructor mode: nbtrain.lab.yaml here or above, or $NBTRAIN_PRESET
     ns = (notebook_namespace() if namespace is None else namespace) if capture_notebook else None
-    res = load_config(config, name=name, preset=preset, namespace=ns)
+    res = load_config(config, name=name, preset=preset, namespace=ns, runs=RegisteredRuns())
     hub_note = hub_model_check(res)
     vision_check(res)
     payload = reward_payload(res, ns) if ns is not None else None
@@ -266,7 +286,7 @@ def vision_check(res: Resolved) -> None:
     """A vision-language model (its config.json nests a vision_config) gets ``vision:`` filled in; images
     in the data of a text model, ``vision:`` for one, or an objective other than SFT on images are
     refused, pointing at the line. A model whose config.json cannot be had is left to the worker."""
-    mc = load_model_config(res.config.model, res.config.revision, res.config.gguf_file)
+    mc = model_config(res)
     if mc is None:
         return
     cfg = res.config
@@ -491,9 +511,7 @@ def estimate_table(
     """Will it fit? ``config`` prepared here (preset rules not enforced: an estimate only informs), and every
     method x strategy on this hardware with the fit rule's verdict (empty without the model's config.json)."""
     prep = prepare(config, hardware=hardware, enforce_preset=False)
-    mc = load_model_config(
-        prep.resolved.config.model, prep.resolved.config.revision, prep.resolved.config.gguf_file
-    )
+    mc = model_config(prep.resolved)
     table: list[dict[str, Any]] = []
     if mc is not None:
         micro = prep.train_args.get("per_device_train_batch_size", 8)

@@ -28,9 +28,10 @@ from typing import Any
 
 import psutil
 
+from nbtrain.contract import warm as proto
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import MAX_JSON_BYTES, RunPaths, atomic_write_json, read_json, tail_text
-from nbtrain.control import warm as warm_start
+from nbtrain.control import warmclient
 from nbtrain.hardware.clock import same_start, start_record, started_before
 
 # The children this process started, kept until their exit status is collected (no zombies).
@@ -48,7 +49,7 @@ class Launched:
     log: Path | None = None
     log_offset: int = 0  # where this process's output begins in ``log`` (earlier output is kept)
     _proc: subprocess.Popen[bytes] | None = field(default=None, compare=False, repr=False)
-    _warm: warm_start.WarmChild | None = field(default=None, compare=False, repr=False)
+    _warm: warmclient.WarmChild | None = field(default=None, compare=False, repr=False)
     boot_time: float | None = None  # what create_time was computed with (hardware/clock.py)
 
     @property
@@ -133,15 +134,17 @@ def start_process(
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             offset = out.tell()
-            if warm and warm_start.serves(argv):
-                child = warm_start.try_warm(
+            if warm and warmclient.serves(argv):
+                child = warmclient.try_warm(
                     argv, log_fd=out.fileno(), cwd=cwd, env=full_env, pass_fds=pass_fds
                 )
-                if isinstance(child, warm_start.WarmChild):
+                if isinstance(child, warmclient.WarmChild):
                     return Launched(child.pid, child.pid, list(argv), child.create_time, log, offset,
                                     _warm=child, boot_time=child.boot_time)  # fmt: skip
                 out.write(f"nbtrain: cold start: {child}\n".encode())
                 out.flush()
+                if child.start_one:
+                    start_warm(full_env)
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=cwd, env=full_env, close_fds=True, pass_fds=pass_fds,
@@ -156,6 +159,24 @@ def start_process(
         began = {"create_time": None, "boot_time": None}
     return Launched(proc.pid, proc.pid, list(argv), began["create_time"], log, offset, proc,
                     boot_time=began["boot_time"])  # fmt: skip
+
+
+def start_warm(env: Mapping[str, str] | None = None) -> bool:
+    """Start a warm process (nbtrain.worker.warm) for ``env`` (default: this process's) in the background
+    unless one answers or this process started one in the last minute; True when one was started now."""
+    env = dict(os.environ if env is None else env)
+    if not proto.enabled(env):
+        return False
+    env = {**env, **job_env()}
+    key = proto.env_key(env)
+    folder = proto.warm_dir(env)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if proto.held(folder / f"{key}.lock"):
+        return False  # one is running, or still importing
+    argv = [sys.executable, "-m", "nbtrain.worker.warm"]
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # the warm process never touches a GPU; children get the plan's
+    result = start_process(argv, log=folder / f"{key}.log", cwd=folder, env=env, replace_env=True, warm=False)
+    return not isinstance(result, LaunchFailed)
 
 
 def spawn(

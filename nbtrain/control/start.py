@@ -426,12 +426,12 @@ def make_tiny_model(path: str | Path = "tiny-llama") -> Path:
 
 
 def make_tiny_vlm(path: str | Path = "tiny-llava", family: str = "llava") -> Path:
-    """Build a tiny vision-language model and its processor (nbtrain.examples_vision: ``llava``) in a
+    """Build a tiny vision-language model and its processor (nbtrain.examples.vision: ``llava``) in a
     subprocess, keeping torch out of the kernel."""
     out = Path(path).expanduser().resolve()
     if (out / "config.json").exists():
         return out
-    argv = [sys.executable, "-m", "nbtrain.examples_vision", "model", str(out), "--family", family]
+    argv = [sys.executable, "-m", "nbtrain.examples.vision", "model", str(out), "--family", family]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
     if proc.returncode != 0:
         raise NbtrainError(f"building the tiny vision-language model failed:\n{proc.stderr[-3000:]}")
@@ -443,7 +443,7 @@ def example_images(
 ) -> Path:
     """Write the colour task (a picture of one colour: what colour is it?) with its images beside the file
     (``<stem>_img/``), in the ``messages``, ``trl`` or ``alpaca`` layout. Pillow only: kernel-safe."""
-    from nbtrain.examples_vision import write_image_dataset
+    from nbtrain.examples.vision import write_image_dataset
 
     try:
         return write_image_dataset(path, n, seed, fmt=fmt).resolve()
@@ -452,7 +452,7 @@ def example_images(
 
 
 def example_model(path: str | Path = "tiny-adder", *, name: str | None = None) -> Path:
-    """Copy the shipped pretrained tiny model (nbtrain.examples_pretrained: it knows sums and how a chat
+    """Copy the shipped pretrained tiny model (nbtrain.examples.pretrained: it knows sums and how a chat
     goes, never a sum asked in a chat) to ``path``; kept when it is there already. Kernel-safe.
 
     ``name="smollm2-135m-instruct"``: a real pretrained model instead (nbtrain.control.pretrained: got with
@@ -461,7 +461,7 @@ def example_model(path: str | Path = "tiny-adder", *, name: str | None = None) -
     import shutil
     from importlib import resources
 
-    from nbtrain.examples_pretrained import ASSET
+    from nbtrain.examples.pretrained import ASSET
 
     if name is not None:
         from nbtrain.control import pretrained

@@ -32,9 +32,9 @@ import anywidget
 import ipywidgets as widgets
 import traitlets
 
+from nbtrain.control.runs.run import Run, get_run
 from nbtrain.control.serve import ServeError, ServerGone, ServerHandle, find_server, serve
 from nbtrain.ui.chat_tools import Call, Tools, run_call
-from nbtrain.ui.run import Run, get_run
 
 KINDS = ("tuned", "base")
 MAX_TOOL_ROUNDS = 5  # calls then answers in one turn, at most: a model that keeps calling is stopped

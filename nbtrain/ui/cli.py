@@ -15,11 +15,9 @@ import argparse
 import sys
 
 from nbtrain.contract.errors import ConfigError, NbtrainError
+from nbtrain.ui.verb import Verb, VerbUsageError, escape_help
 from nbtrain.ui.verbs import (
     TABLE,
-    Verb,
-    VerbUsageError,
-    escape_help,
     find,
     notebook_only_message,
     unknown_verb,

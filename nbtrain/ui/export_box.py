@@ -23,8 +23,8 @@ import ipywidgets as widgets
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.gguf import GGUF_LORA_TYPES
-from nbtrain.control.export import ExportResult, export, has_trained_weights, run_method
-from nbtrain.control.runs.run import Run, get_run
+from nbtrain.control.export import ExportResult, export, run_method
+from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 
 FORMATS: Final = (("safetensors (transformers)", "hf"), ("GGUF (llama.cpp, Ollama)", "gguf"))
 DEFAULT_QUANTS: Final = ("f16", "q8_0", "q4_k_m")

@@ -17,13 +17,11 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from nbtrain.contract.errors import NbtrainError
+from nbtrain.ui.verb import Verb, VerbUsageError, escape_help
 from nbtrain.ui.verbs import (
     RUN_OPTIONS,
     VERBS,
-    Verb,
-    VerbUsageError,
     close_views,
-    escape_help,
     find,
     unknown_verb,
 )

@@ -7,7 +7,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psutil
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -15,9 +15,6 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from nbtrain.contract.rundir import JsonlWriter, RunPaths, mark_complete, rotate_checkpoints, write_status
 from nbtrain.worker import writer
 from nbtrain.worker.control import StopControl
-
-if TYPE_CHECKING:
-    from nbtrain.worker.measure import ModelStateMeter
 
 # Keys renamed to the run-directory contract; everything else numeric is kept as logged.
 _RENAME = {"learning_rate": "lr", "num_input_tokens_seen": "tokens"}
@@ -30,6 +27,13 @@ def _prefixed(names: set[str]) -> set[tuple[str, str]]:
 
 def rank() -> int:
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+
+class Meter(Protocol):
+    """A probe run's measurement of its model states (nbtrain.worker.measure.ModelStateMeter, which
+    imports this module), told of the model and optimizer as training begins."""
+
+    def watch(self, module: Any, optimizer: Any) -> None: ...
 
 
 _SELF: dict[int, psutil.Process] = {}
@@ -94,7 +98,7 @@ class RunDirCallback(TrainerCallback):
         paths: RunPaths,
         stop: StopControl,
         *,
-        meter: ModelStateMeter | None = None,
+        meter: Meter | None = None,
         save_total_limit: int | None = None,
         status_interval: float = 1.0,
         fail_on_nan: bool = True,

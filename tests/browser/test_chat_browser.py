@@ -127,7 +127,7 @@ def test_a_picture_attached_in_the_chat_goes_with_the_message_and_shows_in_the_t
     from playwright.sync_api import expect
 
     import nbtrain
-    from nbtrain.examples_vision import QUESTION, write_image_dataset
+    from nbtrain.examples.vision import QUESTION, write_image_dataset
 
     url, token = lab
     data = write_image_dataset(tmp_path / "data" / "colours.jsonl", n=96)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nbtrain.contract.tools import call_style, parse_tool_calls
-from nbtrain.examples_tools import TOOLS, TOOLS_TEMPLATE
+from nbtrain.examples.tools import TOOLS, TOOLS_TEMPLATE
 
 WEATHER = {"name": "get_weather", "arguments": {"city": "Oslo"}}
 

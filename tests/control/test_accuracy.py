@@ -11,7 +11,7 @@ import pytest
 
 import nbtrain
 from nbtrain.contract.errors import NbtrainError
-from nbtrain.examples_pretrained import held_out_addition
+from nbtrain.examples.pretrained import held_out_addition
 from tests.conftest import runs_in
 
 HELD_OUT = held_out_addition(16)

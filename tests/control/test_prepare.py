@@ -137,3 +137,23 @@ def test_validate_reports_the_presets_memory_cap(workdir: Path) -> None:
         prepare(text)
     assert problems == list(e.value.problems)
     assert any("rule 'max_memory_gb'" in p.message for p in problems)
+
+
+def test_prepare_reads_the_models_config_json_once_for_every_stage(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbtrain.control.plan import facts
+
+    reads: list[str] = []
+    real = facts.load_model_config
+
+    def counted(model: str, *args: object) -> object:
+        reads.append(str(model))
+        return real(model, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(facts, "load_model_config", counted)
+    monkeypatch.chdir(data.parent.parent)
+    machine = gpus("NVIDIA A100-SXM4-80GB", 80, 79, 2, ram=512, ram_free=500)
+    prep = prepare(config("Qwen2.5-7B", "full", "zero3", "optimizer", processes=2), hardware=machine)
+    assert prep.memory() is not None and prep.plan.strategy == "zero3"  # plan, vision check, estimate
+    assert reads == [str(CONFIGS / "Qwen2.5-7B")]

@@ -9,7 +9,7 @@ import pytest
 
 from nbtrain.contract.errors import RowError
 from nbtrain.control.tool_eval import held_out_case, score
-from nbtrain.examples_tools import TOOLS
+from nbtrain.examples.tools import TOOLS
 
 
 def call(name: str, **args: Any) -> dict[str, Any]:

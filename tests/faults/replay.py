@@ -46,7 +46,7 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("data: bad bytes, deep rows, truncated files, huge rows", "tests/faults/test_data_faults.py", ()),
     ("a killed export's leftovers", "tests/worker/test_export.py",
      ("test_leftovers_of_killed_exports_are_cleared_and_a_target_moved_aside_is_put_back",)),
-    ("example-data writes the format its suffix says", "tests/test_examples.py",
+    ("example-data writes the format its suffix says", "tests/examples/test_examples.py",
      ("test_alpaca_to_a_csv_file_is_csv_with_the_alpaca_columns",)),
 ]  # fmt: skip
 

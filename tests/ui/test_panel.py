@@ -778,7 +778,7 @@ def test_the_model_box_offers_model_folders_gguf_files_and_fetched_example_model
 
 
 def test_preview_renders_tool_rows_with_their_tools_and_calls(workdir: Path) -> None:
-    from nbtrain.examples_tools import tool_model, tool_rows
+    from nbtrain.examples.tools import tool_model, tool_rows
 
     tool_model(workdir / "tiny-llama", workdir / "tiny-tools")
     rows = tool_rows(3)

@@ -8,7 +8,8 @@ import pytest
 
 from nbtrain.ui import cli
 from nbtrain.ui.magics import _HelpShown, cell_parser, verb_parser
-from nbtrain.ui.verbs import RUN_OPTIONS, TABLE, VERBS, Verb
+from nbtrain.ui.verb import Verb
+from nbtrain.ui.verbs import RUN_OPTIONS, TABLE, VERBS
 
 
 def _shape(parser: argparse.ArgumentParser) -> tuple[set[str], list[str]]:

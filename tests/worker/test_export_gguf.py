@@ -47,7 +47,7 @@ def adder_run(tmp_path_factory: pytest.TempPathFactory, llama_cpp: None) -> dict
     import neither torch nor llama_cpp."""
     import nbtrain
     from nbtrain.examples import write_dataset
-    from nbtrain.examples_pretrained import held_out_addition
+    from nbtrain.examples.pretrained import held_out_addition
 
     work = tmp_path_factory.mktemp("gguf-export")
     with runs_in(work):

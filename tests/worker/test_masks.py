@@ -176,7 +176,7 @@ def test_tool_rows_with_a_template_that_drops_tools_stop_the_worker_naming_the_f
     from transformers import AutoTokenizer
 
     from nbtrain.contract.chat_templates import BUILTIN
-    from nbtrain.examples_tools import tool_rows
+    from nbtrain.examples.tools import tool_rows
     from nbtrain.worker.data import conversation_features
     from nbtrain.worker.masks import has_tools, tools_template_problem
 

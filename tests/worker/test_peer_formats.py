@@ -3,7 +3,7 @@ LLaMA-Factory, ms-swift and OpenAI (our own rows), one file per shape. Files of 
 sources of one run (``data: train:`` as a list: each source's format detected, normalised by the worker and
 tokenised whole by the trainer before its first step), so four processes cover them: SFT, SFT with tool
 calls (a copy of the tiny model whose chat template renders ``tools`` and ``tool_calls``:
-nbtrain.examples_tools), DPO and KTO."""
+nbtrain.examples.tools), DPO and KTO."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import nbtrain
-from nbtrain.examples_tools import tool_model
+from nbtrain.examples.tools import tool_model
 from tests.conftest import runs_in
 
 pytestmark = pytest.mark.slow

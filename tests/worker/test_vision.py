@@ -12,7 +12,7 @@ import pytest
 
 import nbtrain
 from nbtrain.contract.rundir import read_jsonl
-from nbtrain.examples_vision import COLOURS, QUESTION, write_image_dataset
+from nbtrain.examples.vision import COLOURS, QUESTION, write_image_dataset
 from tests.conftest import runs_in
 
 pytestmark = pytest.mark.slow
@@ -188,7 +188,7 @@ def test_a_second_family_idefics3_learns_from_image_rows_mixed_with_text_rows(
 
     from transformers import AutoModelForImageTextToText
 
-    from nbtrain.examples_vision import make_tiny_vlm
+    from nbtrain.examples.vision import make_tiny_vlm
 
     model = make_tiny_vlm(tmp_path_factory.mktemp("idefics3") / "tiny-idefics3", "idefics3")
     data = write_image_dataset(vision_work / "mixed" / "colours.jsonl", n=96)

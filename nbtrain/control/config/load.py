@@ -20,6 +20,7 @@ from nbtrain.contract.formats import FORMATS
 from nbtrain.contract.objectives import OBJECTIVES, UNAVAILABLE
 from nbtrain.control.config.datacheck import DataProblem, DataSource, flags_problem, inspect_data
 from nbtrain.control.config.problems import Problems, schema_problems
+from nbtrain.control.config.rewardmodels import RunLookup
 from nbtrain.control.config.rules.data import chat_template_key, check_sources, data_sections, preprocess_hook
 from nbtrain.control.config.rules.distributed import check_distributed
 from nbtrain.control.config.rules.method import method_sections
@@ -90,13 +91,15 @@ def load_config(
     name: str | None = None,
     preset: ConfigRules | None = None,
     namespace: Mapping[str, Any] | None = None,
+    runs: RunLookup | None = None,
 ) -> Resolved:
     """Validate a config and everything it points at; raise ConfigError listing every problem.
 
     With a lab ``preset`` (nbtrain.control.config.preset), what it fixes and the config leaves out is
     filled in first, and its violations are reported with the other problems. ``namespace``: the
     notebook's, where ``hooks: preprocess`` is found to look at the rows as the worker will format them
-    (without it, their format is left to the worker)."""
+    (without it, their format is left to the worker). ``runs``: how a reward model named by a run's id or
+    name is found (prepare gives the registry's)."""
     raw, text, base = parse_source(source)
     probs = Problems(text)
     if raw is None:
@@ -144,7 +147,7 @@ def load_config(
         method_sections(cfg, probs)
         data_sections(cfg, probs)
         objective_sections(cfg, probs)
-        reward_list = reward_models(cfg, base, probs)
+        reward_list = reward_models(cfg, base, probs, runs)
         hooks_sections(cfg, probs)
         user_ds = check_distributed(cfg, base, probs)
     data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}

@@ -16,10 +16,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from nbtrain.contract.errors import RunNotFound
 from nbtrain.contract.rundir import read_json
+
+
+class RunLookup(Protocol):
+    """What checking a reward model needs to know of the runs: given by prepare (nbtrain.control.prepare
+    .RegisteredRuns), so the config package looks no run up itself and sits below the runs."""
+
+    def run_dir(self, ref: str) -> Path | None:
+        """The directory of the run ``ref`` names (id, id prefix or name), or None."""
+        ...
+
+    def weights_problem(self, run_dir: Path, name: str) -> str | None:
+        """Why the run in ``run_dir`` (called ``name``) has no trained weights to load yet, or None."""
+        ...
+
 
 FIX = (
     "give an objective: reward run (its id, name or directory; %finetune list shows the runs), a folder "
@@ -29,9 +42,10 @@ FIX = (
 _GENERATIVE = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "ForImageTextToText")
 
 
-def resolve(ref: str, base: Path) -> tuple[str | None, str | None]:
+def resolve(ref: str, base: Path, runs: RunLookup | None) -> tuple[str | None, str | None]:
     """(source, None) for a usable reward model ``ref``, else (None, the problem and its fix). ``base`` is
-    the folder relative paths start from (the notebook's, as for data files)."""
+    the folder relative paths start from (the notebook's, as for data files); ``runs`` finds a run by its
+    id or name (None: only directories, folders and Hub ids are looked at)."""
     from nbtrain.control import hub
 
     path = Path(ref).expanduser()
@@ -39,14 +53,14 @@ def resolve(ref: str, base: Path) -> tuple[str | None, str | None]:
         path = (base / path).resolve()
     if path.is_dir():
         if (path / "resolved.json").is_file():
-            return _run(path)
+            return _run(path, runs)
         return _folder(path)
     looks_like_path = ref.startswith((".", "/", "~")) or "\\" in ref or ref.count("/") > 1
     if looks_like_path:
         return None, f"reward model not found: {path} is no folder; {FIX}"
-    run_dir = _registered(ref)
+    run_dir = runs.run_dir(ref) if runs is not None else None
     if run_dir is not None:
-        return _run(run_dir)
+        return _run(run_dir, runs)
     if hub.is_hub_id(ref):
         try:
             config, _note = hub.model_config(ref)  # None when the Hub cannot be asked: the worker will tell
@@ -57,21 +71,8 @@ def resolve(ref: str, base: Path) -> tuple[str | None, str | None]:
     return None, f"no run, run directory or model folder is called {ref!r} (nor is it a Hub id); {FIX}"
 
 
-def _registered(ref: str) -> Path | None:
-    """The directory of the run ``ref`` names (id, id prefix or name) in the registry, or None."""
-    from nbtrain.control.runs.run import get_run
-
-    try:
-        return get_run(ref).dir
-    except RunNotFound:
-        return None
-
-
-def _run(run_dir: Path) -> tuple[str | None, str | None]:
+def _run(run_dir: Path, runs: RunLookup | None) -> tuple[str | None, str | None]:
     """An nbtrain run as a reward model: objective: reward, with trained weights."""
-    from nbtrain.control.export import has_trained_weights
-    from nbtrain.control.runs.run import Run
-
     try:
         resolved: dict[str, Any] = read_json(run_dir / "resolved.json")
     except (OSError, ValueError) as e:
@@ -85,13 +86,9 @@ def _run(run_dir: Path) -> tuple[str | None, str | None]:
             f"it; a reward model is a run of objective: reward on chosen/rejected pairs: train one, then "
             f"name it here"
         )
-    run = Run(run_dir)
-    if not has_trained_weights(run):
-        state = run.status().state
-        return None, (
-            f"run {name} ({state}) has no trained weights yet (no output/ and no complete checkpoint); "
-            f"wait for it to finish (run.wait()), or ask it for a checkpoint (%finetune checkpoint {name})"
-        )
+    problem = runs.weights_problem(run_dir, name) if runs is not None else None
+    if problem is not None:
+        return None, problem
     base = str(cfg.get("model") or "")
     adapter = cfg.get("method") in ("lora", "qlora")
     if adapter and base.startswith("/") and not (Path(base) / "config.json").is_file():

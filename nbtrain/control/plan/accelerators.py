@@ -10,14 +10,31 @@ hardware facts as input; the machines it is tested on have CPUs and NVIDIA GPUs)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from nbtrain.control.config.choices import ZERO_STAGES, Precision
 from nbtrain.hardware import Accelerator
 
 if TYPE_CHECKING:
     from nbtrain.control.config.schema import RunConfig
-    from nbtrain.control.plan.planner import Plan
+
+
+class Planned(Protocol):
+    """What the refusals read of a plan (nbtrain.control.plan.planner.Plan, which imports this module)."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def strategy(self) -> str: ...
+    @property
+    def offload(self) -> str: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def precision(self) -> str: ...
+
 
 ACCELERATORS = ("mps", "npu")
 
@@ -66,7 +83,7 @@ def accelerator_precision(acc: Accelerator, reasons: list[str]) -> Precision:
 
 
 def accelerator_problems(
-    cfg: RunConfig, plan: Plan, acc: Accelerator | None
+    cfg: RunConfig, plan: Planned, acc: Accelerator | None
 ) -> list[tuple[tuple[str | int, ...], str]]:
     """What the config asks for that this plan's MPS GPU or Ascend NPUs cannot give: (key path, message
     naming the cause and the fix). Empty for CUDA and CPU plans."""

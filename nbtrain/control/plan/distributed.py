@@ -21,6 +21,7 @@ from nbtrain.contract.errors import ConfigError, Problem
 from nbtrain.control import memory
 from nbtrain.control.config.choices import ZERO_STAGES
 from nbtrain.control.config.schema import Resolved
+from nbtrain.control.plan.facts import model_config
 from nbtrain.control.plan.planner import Plan, fsdp_settings
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
@@ -96,7 +97,7 @@ def _zero_infinity(res: Resolved, plan: Plan, ds: dict[str, Any], zero: dict[str
     path, pin = str(res.config.distributed.nvme_path), plan.device == "cuda"
     where: dict[str, Any] = {"device": "nvme", "nvme_path": path, "pin_memory": pin}
     param: dict[str, Any] = {**where, "buffer_count": memory.NVME_PARAM_BUFFERS}
-    mc = memory.load_model_config(res.config.model, res.config.revision, res.config.gguf_file)
+    mc = model_config(res)
     if mc is not None:
         param["buffer_size"] = memory.nvme_param_buffer(memory.count_parameters(mc), plan.world_size)
     zero.setdefault("offload_param", param)
@@ -253,7 +254,8 @@ def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any], *, allocation
     """An sbatch script that starts one torchrun per node, rendezvousing on the first node's address.
 
     ``signal_before`` seconds before the job's time limit (SLURM's EndTime, read by
-    ``python -m nbtrain.control.slurm watch`` beside the training) the run is asked to stop at a checkpoint;
+    ``python -m nbtrain.control.slurmjob watch`` beside the training) the run is asked to stop at a
+    checkpoint;
     with ``requeue: auto`` the job then requeues itself, and a requeued job first resumes the run from that
     checkpoint (``resume-in-job``), so a run longer than its time limit is one run with one curve.
 
@@ -288,7 +290,7 @@ def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any], *, allocation
     ]  # fmt: skip
     cmd = " ".join(a if a.startswith("--rdzv-") else shlex.quote(a) for a in torchrun)
     max_requeues = int(slurm.get("max_requeues", 10))
-    job_verb = f"{py} -m nbtrain.control.slurm"
+    job_verb = f"{py} -m nbtrain.control.slurmjob"
     lines += [
         "set -uo pipefail",
         # node 0's address as SLURM reaches it (NodeAddr), which resolves wherever SLURM runs

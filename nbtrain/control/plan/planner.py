@@ -19,6 +19,7 @@ from nbtrain.control.config.schema import Resolved, RunConfig
 from nbtrain.control.memory import Estimate
 from nbtrain.control.plan.accelerators import ACCELERATORS, QLORA_WHY, UNVERIFIED, accelerator_precision
 from nbtrain.control.plan.estimates import checkpointing_rule, request_for
+from nbtrain.control.plan.facts import model_config
 from nbtrain.control.plan.fit import MARGIN, Fit, fits
 from nbtrain.hardware import Hardware
 
@@ -231,7 +232,7 @@ def _plan_memory(res: Resolved, hw: Hardware, plan: Plan) -> None:
     batch) when it is given.
     """
     cfg, reasons = res.config, plan.reasons
-    mc = memory.load_model_config(cfg.model, cfg.revision, cfg.gguf_file)
+    mc = model_config(res)
     if cfg.method == "auto":
         if mc is None:
             plan.method = "lora"

@@ -11,10 +11,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from nbtrain.control.runs.run import RunStatus
+
+class Followed(Protocol):
+    """What the loop reads of a status (nbtrain.control.runs.run.RunStatus, a job's, a server's)."""
+
+    @property
+    def done(self) -> bool: ...
+    def describe(self) -> str: ...
+
+
+S = TypeVar("S", bound=Followed)  # the status type tick returns
 
 
 class FollowStopped(Exception):
@@ -22,15 +30,15 @@ class FollowStopped(Exception):
 
 
 def follow(
-    tick: Callable[[], RunStatus],
+    tick: Callable[[], S],
     *,
-    ended: Callable[[RunStatus], bool] | None = None,
+    ended: Callable[[S], bool] | None = None,
     timeout: float | None = None,
     interval: float = 0.5,
     stop: threading.Event | None = None,
     behind: Callable[[], bool] | None = None,
     what: str = "run",
-) -> RunStatus:
+) -> S:
     """Call ``tick`` every ``interval`` seconds until ``ended(status)`` (default: a terminal state).
 
     Raises TimeoutError after ``timeout`` seconds (the run goes on), FollowStopped when ``stop`` is set.

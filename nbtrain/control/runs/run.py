@@ -532,6 +532,16 @@ def get_run(ref: str | Path | Run) -> Run:
     return Run(r.run_dir, run_id=r.id, name=r.name)
 
 
+def has_trained_weights(run: Run) -> bool:
+    """Whether ``run`` has weights to load: its output/ (a model or an adapter) or a complete checkpoint."""
+    out = run.paths.output
+    return (
+        (out / "adapter_config.json").exists()
+        or (out / "config.json").exists()
+        or (last_checkpoint(run) is not None)
+    )
+
+
 def last_checkpoint(run: Run, *, repair: bool = False) -> Path | None:
     """The newest complete checkpoint of ``run`` (``contract.rundir.latest_complete_checkpoint``); with
     ``repair`` (only while holding the run's writer lock) it is marked and remnants are deleted."""

@@ -12,7 +12,7 @@ import nbtrain
 from nbtrain.contract.errors import ConfigError
 from nbtrain.control.config.chat_template import ChatTemplate, find_chat_template
 from nbtrain.control.config.load import load_config
-from nbtrain.examples_tools import TOOLS_TEMPLATE, tool_model, tool_rows
+from nbtrain.examples.tools import TOOLS_TEMPLATE, tool_model, tool_rows
 
 
 def tools_yaml(model: str, extra: str = "") -> str:
@@ -99,7 +99,7 @@ def test_a_chat_template_that_cannot_be_used_is_refused_naming_the_built_ins(
 def test_chatml_tools_trains_the_call_and_the_end_of_turn_and_the_server_reads_the_call_back() -> None:
     from nbtrain.contract.chat_templates import BUILTIN
     from nbtrain.contract.tools import call_style, conversation, parse_tool_calls
-    from nbtrain.examples_tools import TOOLS
+    from nbtrain.examples.tools import TOOLS
 
     source = BUILTIN["chatml-tools"].read_text()
     template = ChatTemplate(source, "chatml-tools")

@@ -39,8 +39,12 @@ def rldir(workdir: Path) -> Path:
 
 
 def problems(source: str, **kw: Any) -> list[str]:
+    """The problems load_config finds, with the registry's runs to look reward models up in (as prepare
+    gives them)."""
+    from nbtrain.control.prepare import RegisteredRuns
+
     with pytest.raises(ConfigError) as ei:
-        load_config(source, **kw)
+        load_config(source, runs=RegisteredRuns(), **kw)
     return [p.render() for p in ei.value.problems]
 
 
@@ -124,3 +128,21 @@ def test_a_misspelt_reward_model_key_is_named(rldir: Path) -> None:
 def test_the_same_reward_model_twice_is_refused(rldir: Path) -> None:
     (msg,) = problems(rl_yaml("[{model: rm-a}, {model: rm-a}]"))
     assert "rewards: lists {model: rm-a} twice; use train: reward_weights" in msg
+
+
+def test_the_rule_looks_runs_up_only_through_the_lookup_it_is_given(
+    rldir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbtrain.control.config.rewardmodels import resolve
+    from nbtrain.control.prepare import RegisteredRuns
+
+    rm = started(
+        "model: ./tiny-llama\nobjective: reward\ndata: {train: data/pairs.jsonl}\ntrain: {max_steps: 1}\n",
+        monkeypatch,
+        "rm-run",
+    )
+    source, problem = resolve("rm-run", rldir, None)  # the config package alone: no registry
+    assert source is None and "no run, run directory or model folder is called 'rm-run'" in str(problem)
+    source, problem = resolve("rm-run", rldir, RegisteredRuns())
+    assert source is None and "run rm-run (queued) has no trained weights yet" in str(problem)
+    assert RegisteredRuns().run_dir("rm-run") == rm.dir

@@ -82,7 +82,7 @@ def test_openai_client_raises_its_own_errors_for_the_servers_refusals(
 def test_tools_for_a_model_whose_template_writes_no_calls_are_a_400_not_silent_text(
     client: openai.OpenAI,
 ) -> None:
-    from nbtrain.examples_tools import TOOLS
+    from nbtrain.examples.tools import TOOLS
 
     msgs = [{"role": "user", "content": "What's the weather in Oslo?"}]
     for stream in (False, True):

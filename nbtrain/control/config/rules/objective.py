@@ -70,7 +70,9 @@ def objective_sections(cfg: RunConfig, probs: Problems) -> None:
             )
 
 
-def reward_models(cfg: RunConfig, base: Path, probs: Problems) -> list[str | RewardModelRef] | None:
+def reward_models(
+    cfg: RunConfig, base: Path, probs: Problems, runs: rewardmodels.RunLookup | None
+) -> list[str | RewardModelRef] | None:
     """``rewards:`` with each ``{model: ...}`` resolved to what the worker loads (a run's or a folder's
     absolute directory, or a Hub id); a reference that cannot be used is a problem naming the fix."""
     if not cfg.rewards or cfg.objective not in rewards_objectives():
@@ -78,7 +80,7 @@ def reward_models(cfg: RunConfig, base: Path, probs: Problems) -> list[str | Rew
     out: list[str | RewardModelRef] = []
     for i, entry in enumerate(cfg.rewards):
         if isinstance(entry, RewardModelRef):
-            source, problem = rewardmodels.resolve(entry.model, base)
+            source, problem = rewardmodels.resolve(entry.model, base, runs)
             if problem is not None:
                 probs.add(("rewards", i, "model"), problem)
             entry = RewardModelRef(model=source or entry.model)

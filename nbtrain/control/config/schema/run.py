@@ -230,3 +230,7 @@ class Resolved:
     user_deepspeed: dict[str, Any] | None = None  # the JSON of distributed.deepspeed_config, checked
     # every data: train: source (train_data is the first)
     train_sources: list[DataSource] = field(default_factory=list)
+    # The model's config.json, read once for every stage after validation (nbtrain.control.plan.facts); None
+    # when it is not on this machine. ``model_facts_read`` says whether it was looked for yet.
+    model_facts: dict[str, Any] | None = None
+    model_facts_read: bool = False

@@ -1,111 +1,42 @@
-"""Plotly figures of a run: the dashboard layout (static or live), run comparison, ``Run.plot()``, and the
-one theme every nbtrain figure uses (``THEME``: the dashboard, preview, evaluation and estimate charts).
-
-The live dashboard and the static figure are built from the same trace specs and the same layout, so a
-notebook saved after a run shows exactly what the live view showed at the end, at the same size.
-
-What the dashboard draws, and why:
-
-- every panel is against the step (one x-axis, zoomed together); the time of a point is in its hover.
-  Memory samples are written with a wall time only, so they are placed on the step axis through the
-  wall time of each logged step (:class:`Clock`);
-- time is the run's own: elapsed counts every attempt of a resumed run and leaves out the pause between
-  a stop and its resume; the ETA comes from the recent steps, with outliers (an evaluation, a checkpoint)
-  clipped, so it moves smoothly;
-- throughput is drawn smoothed (an exponential moving average over the recent steps) over its raw
-  per-step values, which are faint;
-- the memory estimate is drawn as what it is comparable to: on a CPU, the process's RSS, so the line adds
-  the Python / torch runtime the estimate leaves out; on a GPU, torch's allocator, so the line leaves out
-  the CUDA context the allocator does not see. Its legend and hover say what it includes;
-- before the first step the frame says what the run is doing ("loading model", a download's progress),
-  instead of showing empty axes.
-"""
+"""The dashboard's charts: the panels and their trace specs, the frame of a run's metrics they draw, the
+header and progress bar, the memory estimate's line, and the built figures (live or static, comparison,
+``Run.plot()``)."""
 
 from __future__ import annotations
 
 import html
 import math
-import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from nbtrain.contract.rundir import MAX_JSON_BYTES, TERMINAL_STATES, RunPaths, read_json
+from nbtrain.contract.rundir import TERMINAL_STATES
 from nbtrain.control.memory import CUDA_CONTEXT_BYTES, NCCL_BYTES
 from nbtrain.control.runs.metrics import DEFAULT_CAP, MEMORY_KEYS, FloatArray, MetricsTail
+from nbtrain.ui.figures.clock import Clock, clock, duration, durations, ema
+from nbtrain.ui.figures.theme import (
+    AXIS_LINE,
+    COLORS,
+    EXTRA_COLORS,
+    GRID,
+    INK,
+    MUTED,
+    RANK_COLORS,
+    RUNNING_COLOR,
+    STATE_COLORS,
+    THEME,
+)
 
 if TYPE_CHECKING:
     from nbtrain.control.runs.run import Run, RunStatus
 
 GIB = float(2**30)
 MIB = float(2**20)
-
-# ------------------------------------------------------------------------------------------- theme
-THEME = "nbtrain"  # the plotly template every nbtrain figure uses (registered in plotly.io.templates)
-FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
-INK = "#1f2937"  # text
-MUTED = "#6b7280"  # secondary text, axis titles
-GRID = "#eef0f3"
-AXIS_LINE = "#cfd4dc"
-# One colour per metric, and none of them a rank's: a curve's colour says what it is.
-COLORS = {
-    "loss": "#2563eb",
-    "eval_loss": "#ea580c",
-    "lr": "#059669",
-    "grad_norm": "#7c3aed",
-    "tokens_per_s": "#0891b2",
-    "estimate": "#111827",
-}
-RANK_COLORS = ("#db2777", "#ca8a04", "#475569", "#65a30d", "#0f766e", "#9f1239", "#a16207", "#6d28d9")
-EXTRA_COLORS = ("#0369a1", "#be123c", "#4d7c0f", "#a21caf", "#b45309", "#334155")
-STATE_COLORS = {"completed": "#15803d", "failed": "#b91c1c", "stopped": "#92400e"}
-RUNNING_COLOR = "#1d4ed8"
-
-
-def _template() -> go.layout.Template:
-    base = pio.templates["plotly_white"]
-    axis = {
-        "gridcolor": GRID,
-        "linecolor": AXIS_LINE,
-        "showline": True,
-        "ticks": "outside",
-        "tickcolor": AXIS_LINE,
-        "ticklen": 4,
-        "zeroline": False,
-        "automargin": True,
-        "title": {"font": {"size": 11, "color": MUTED}, "standoff": 6},
-        "tickfont": {"size": 11, "color": MUTED},
-    }
-    layout = go.Layout(base.layout)
-    layout.update(
-        font={"family": FONT, "size": 12, "color": INK},
-        title={"font": {"size": 15, "color": INK}, "x": 0, "xref": "paper", "xanchor": "left"},
-        colorway=[*COLORS.values(), *EXTRA_COLORS],
-        paper_bgcolor="white",
-        plot_bgcolor="white",
-        xaxis=axis,
-        yaxis=axis,
-        hoverlabel={"bgcolor": "white", "bordercolor": AXIS_LINE, "font": {"family": FONT, "size": 12}},
-        legend={"font": {"size": 11, "color": INK}, "bgcolor": "rgba(255,255,255,0)"},
-        margin={"l": 64, "r": 24, "t": 64, "b": 48},
-        bargap=0.25,
-    )
-    return go.layout.Template(layout=layout, data=base.data)
-
-
-pio.templates[THEME] = _template()
-
-
-def themed(fig: go.Figure) -> go.Figure:
-    """``fig`` in nbtrain's theme (for figures built elsewhere, e.g. the evaluation report's)."""
-    fig.update_layout(template=THEME)
-    return fig
 
 
 # ----------------------------------------------------------------------------------------- panels
@@ -126,8 +57,6 @@ MEMORY_STYLE = {  # key -> (legend label, line dash)
     "gpu_mem_reserved": ("GPU reserved", "dash"),
     "gpu_mem_peak": ("GPU peak", "dashdot"),
 }
-SMOOTHING_SPAN = 20  # logged steps in the throughput's moving average
-RECENT = 100  # logged steps the ETA's speed is measured over
 
 # Sizes in pixels: the live figure and the static one use the same, so the output never jumps. The width is
 # set, not left to the frontend: a FigureWidget is drawn before its output has a width (plotly's 700 px
@@ -144,161 +73,10 @@ BAR_H_PX = 5
 ERROR_Y_PX = 54  # an error line under the bar
 
 
-# ---------------------------------------------------------------------------------------- the clock
 # The Python, torch and transformers a training process imports before it loads anything: resident
 # memory the estimate leaves out (it counts tensors) but a CPU run's RSS includes. Measured with
 # torch 2.13 (CPU) and transformers 5.24: ~0.45 GiB; a machine's exact figure differs a little.
 CPU_RUNTIME_BYTES = int(0.45 * GIB)
-
-_RESUME_CACHE: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {}
-
-
-def resume_of(paths: RunPaths) -> tuple[int, int] | None:
-    """(step, attempt) of a resumed run's current attempt, from resolved.json; None for a first attempt.
-
-    resolved.json changes only at a resume, and a live view asks several times a second: the answer is
-    kept until the file changes."""
-    try:
-        st = os.stat(paths.resolved)
-    except OSError:
-        return None
-    key = str(paths.resolved)
-    sig = (st.st_mtime_ns, st.st_size)
-    hit = _RESUME_CACHE.get(key)
-    if hit is not None and hit[0] == sig:
-        return hit[1]
-    try:
-        resume = read_json(paths.resolved, max_bytes=MAX_JSON_BYTES).get("resume")
-    except (OSError, ValueError, AttributeError):
-        resume = None
-    out = None
-    if isinstance(resume, dict):
-        step, attempt = resume.get("step"), resume.get("attempt")
-        if isinstance(step, (int, float)) and isinstance(attempt, (int, float)):
-            out = (int(step), int(attempt))
-    _RESUME_CACHE[key] = (sig, out)
-    return out
-
-
-def _mean_clipped(per_step: FloatArray, weights: FloatArray) -> float:
-    # step-weighted mean of seconds per step, each interval clipped to [median/3, 3 x median]: a pause for
-    # evaluation or a checkpoint moves it a little, and no single interval moves it much
-    med = float(np.median(per_step))
-    clipped = np.clip(per_step, med / 3, med * 3)
-    return float(np.sum(clipped * weights) / np.sum(weights))
-
-
-@dataclass(frozen=True)
-class Clock:
-    """The run's own time: when each logged step happened, and the pauses between attempts.
-
-    ``t`` / ``s``: the wall time and step of each logged step (ascending), with the start of the run (and
-    of the current attempt, at the step it resumed from) as extra knots. ``pauses``: wall-time intervals
-    between one attempt's last record and the next attempt's launch, not counted as elapsed. ``set_aside``:
-    the interval whose samples belong to the part of an attempt that its resume set aside."""
-
-    start: float | None
-    t: FloatArray
-    s: FloatArray
-    pauses: tuple[tuple[float, float], ...] = ()
-    set_aside: tuple[float, float] | None = None
-    recent: FloatArray = field(default_factory=lambda: np.empty((0, 2)))  # (t, step) of the last records
-
-    def elapsed(self, t: float) -> float:
-        if self.start is None:
-            return 0.0
-        paused = sum(max(0.0, min(t, b) - max(self.start, a)) for a, b in self.pauses)
-        return max(0.0, t - self.start - paused)
-
-    def elapsed_many(self, t: FloatArray) -> FloatArray:
-        if self.start is None:
-            return np.zeros(len(t))
-        out = t - self.start
-        for a, b in self.pauses:
-            out = out - np.clip(np.minimum(t, b) - max(self.start, a), 0.0, None)
-        return np.asarray(np.maximum(out, 0.0), dtype=np.float64)
-
-    def steps_at(self, t: FloatArray) -> FloatArray:
-        """Where wall times fall on the step axis (between the steps logged before and after them)."""
-        if len(self.t) == 0:
-            return np.zeros(len(t))
-        return np.asarray(np.interp(t, self.t, self.s), dtype=np.float64)
-
-    def seconds_per_step(self) -> float | None:
-        """Recent seconds per step: over the last ``RECENT`` records, outliers clipped, pauses left out."""
-        r = self.recent
-        if len(r) < 3:
-            return None
-        dt, ds = np.diff(r[:, 0]), np.diff(r[:, 1])
-        ok = (ds > 0) & (dt > 0)
-        for a, b in self.pauses:
-            ok &= ~((r[:-1, 0] < b) & (r[1:, 0] > a))
-        if ok.sum() < 4:
-            return None  # a few steps say little about the rest
-        return _mean_clipped(dt[ok] / ds[ok], ds[ok])
-
-
-def clock(tail: MetricsTail) -> Clock:
-    """The :class:`Clock` of what ``tail`` has read (launch.json and resolved.json: where attempts start)."""
-    t = np.asarray(tail.clock.y, dtype=np.float64)
-    s = np.asarray(tail.clock.x, dtype=np.float64)
-    order = np.argsort(t, kind="stable")
-    t, s = t[order], (np.maximum.accumulate(s[order]) if len(s) else s)
-    recent = np.column_stack([t[-RECENT - 1 :], s[-RECENT - 1 :]]) if len(t) else np.empty((0, 2))
-    launch = tail.started()  # the current attempt's launch (or the first record without launch.json)
-    resumed = resume_of(tail.paths)
-    samples = [series.x for series in tail.system.values()]
-    points = np.sort(np.concatenate([t, *samples])) if len(t) or samples else np.empty(0)
-    pauses: list[tuple[float, float]] = []
-    set_aside = None
-    start = launch
-    if resumed is not None and launch is not None:
-        step, attempt = resumed
-        before = points[points < launch]
-        if len(before):
-            pauses.append((float(before[-1]), launch))
-            # earlier resumes left no launch time: their pauses are the longest silences before this one
-            if attempt > 2 and len(before) > 1:
-                gaps = np.diff(before)
-                for i in np.argsort(gaps)[::-1][: attempt - 2]:
-                    pauses.append((float(before[i]), float(before[i + 1])))
-            start = float(before[0])  # the first attempt's launch time is gone: its first record
-        kept = t[(t < launch) & (s <= step)]
-        if len(kept):
-            set_aside = (float(kept[-1]), launch)
-        # the current attempt starts at the step it resumed from
-        i = int(np.searchsorted(t, launch))
-        t, s = np.insert(t, i, launch), np.insert(s, i, float(step))
-    elif start is not None and (len(t) == 0 or start < t[0]):
-        t, s = np.insert(t, 0, start), np.insert(s, 0, 0.0)
-    if start is not None and len(points) and points[0] < start:
-        start = float(points[0])
-    return Clock(start, t, s, tuple(sorted(pauses)), set_aside, recent)
-
-
-def duration(seconds: float) -> str:
-    s = max(0, int(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def _durations(seconds: FloatArray) -> list[str]:
-    return [duration(v) + " elapsed" for v in seconds.tolist()]
-
-
-def ema(y: FloatArray, span: int = SMOOTHING_SPAN) -> FloatArray:
-    """Exponential moving average over the points (bias-corrected from the first one, as TensorBoard's
-    smoothing); NaN points are skipped (they keep the previous average)."""
-    alpha = 2.0 / (span + 1.0)
-    out = np.empty(len(y), dtype=np.float64)
-    acc = weight = 0.0
-    last = math.nan
-    for i, v in enumerate(y.tolist()):
-        if not math.isnan(v):
-            acc = (1 - alpha) * acc + alpha * v
-            weight = (1 - alpha) * weight + alpha
-            last = acc / weight
-        out[i] = last
-    return out
 
 
 # ------------------------------------------------------------------------------------ memory line
@@ -440,7 +218,7 @@ class TraceSpec:
                 a, b = clk.set_aside
                 keep = (t <= a) | (t >= b)
                 t, y = t[keep], y[keep]
-            return {"x": clk.steps_at(t), "y": y, "customdata": _durations(clk.elapsed_many(t))}
+            return {"x": clk.steps_at(t), "y": y, "customdata": durations(clk.elapsed_many(t))}
         s = tail.series(self.key[1])
         if s is None:
             return {"x": _EMPTY, "y": _EMPTY, "customdata": []}
@@ -454,7 +232,7 @@ class TraceSpec:
         return {
             "x": x,
             "y": y,
-            "customdata": _durations(clk.elapsed_many(when)) if when is not None else [""] * len(x),
+            "customdata": durations(clk.elapsed_many(when)) if when is not None else [""] * len(x),
         }
 
     def version(self, frame: Frame) -> tuple[Any, ...]:

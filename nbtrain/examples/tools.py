@@ -18,7 +18,7 @@ SmolLM2-135M-Instruct (``nbtrain.example_model(name="smollm2-135m-instruct")``) 
 LoRA r 16, batch 8, learning rate 3e-3 (cosine, 3 warm-up steps), assistant_only_loss, 0 of 30 right
 before: on the request-and-call part of 600 rows, 12 steps: 28 of 30 after (~90 s on 2 cores); on the
 whole rows (the call, then the answer from the function's result), 20 steps: 29 of 30 after, and given the
-result it answers from it ("It is sunny in Agra."), ~2 min (tests/test_examples_tools.py, seed 0).
+result it answers from it ("It is sunny in Agra."), ~2 min (tests/test_examples.tools.py, seed 0).
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def call_accuracy(model_dir: str | Path, cases: list[dict[str, Any]]) -> tuple[f
     well-formed call to the right function with the right arguments; and its answers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nbtrain.examples_pretrained import answers
+    from nbtrain.examples.pretrained import answers
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()

@@ -11,7 +11,7 @@ import pytest
 
 import nbtrain
 from nbtrain.examples import addition_items
-from nbtrain.examples_pretrained import (
+from nbtrain.examples.pretrained import (
     ASSET,
     build_tokenizer,
     check,

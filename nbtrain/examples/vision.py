@@ -5,8 +5,8 @@ No model hub is needed: each model is built from configs with random weights (a 
 with a processor whose tokenizer is a byte-level BPE trained here and whose chat template renders image
 parts. Neither needs torchvision (their image processors are the Pillow ones).
 
-    python -m nbtrain.examples_vision model DIR [--family llava|idefics3]
-    python -m nbtrain.examples_vision data FILE [-n N] [--format messages|trl|alpaca]
+    python -m nbtrain.examples.vision model DIR [--family llava|idefics3]
+    python -m nbtrain.examples.vision data FILE [-n N] [--format messages|trl|alpaca]
 
 The task: a 28x28 picture of one colour, "What colour is this?", answered with the colour's name.
 ``make_tiny_vlm`` imports transformers (call it from a worker or a test); the kernel-safe wrappers are
@@ -253,7 +253,7 @@ def _answer(row: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m nbtrain.examples_vision", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m nbtrain.examples.vision", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = ap.add_subparsers(dest="what", required=True)
     m = sub.add_parser("model", help="build a tiny vision-language model")

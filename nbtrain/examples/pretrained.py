@@ -20,8 +20,8 @@ The weights ship in the package (``nbtrain/assets/tiny-adder``, 2 MB); ``nbtrain
 copies them to a folder. ``build`` makes them again, seeded (on another machine the floats may differ in their
 last bits; the config and tokenizer are the same):
 
-    python -m nbtrain.examples_pretrained build DIR [--steps N]   # ~10 min on one CPU core
-    python -m nbtrain.examples_pretrained check DIR              # what the model answers
+    python -m nbtrain.examples.pretrained build DIR [--steps N]   # ~10 min on one CPU core
+    python -m nbtrain.examples.pretrained check DIR              # what the model answers
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def build(out: str | Path, *, steps: int = 3000, batch_size: int = 32, lr: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m nbtrain.examples_pretrained", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m nbtrain.examples.pretrained", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = ap.add_subparsers(dest="what", required=True)
     b = sub.add_parser("build", help="pretrain the model from scratch and save it")

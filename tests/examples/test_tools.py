@@ -1,4 +1,4 @@
-"""nbtrain.examples_tools: a short tool-calling run teaches a real model to call the right function with the
+"""nbtrain.examples.tools: a short tool-calling run teaches a real model to call the right function with the
 right arguments on requests no training row makes (greedy generation, before and after)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 import nbtrain
 from nbtrain.control.serve import ServerHandle
-from nbtrain.examples_tools import TOOLS, call_accuracy, held_out, parse_call, tool_model, tool_rows
+from nbtrain.examples.tools import TOOLS, call_accuracy, held_out, parse_call, tool_model, tool_rows
 from tests.conftest import runs_in
 
 pytestmark = pytest.mark.slow
@@ -56,7 +56,7 @@ train: {{max_steps: 20, learning_rate: 3.0e-3, per_device_train_batch_size: 8, l
 def test_a_short_lora_run_teaches_smollm2_to_call_tools_on_held_out_requests(
     tools_run: dict[str, Any],
 ) -> None:
-    """The tiny models do not learn to copy an argument into a call in a test's budget (examples_tools'
+    """The tiny models do not learn to copy an argument into a call in a test's budget (examples.tools'
     docstring); SmolLM2-135M-Instruct, the smallest real model here, does in 20 steps."""
     run, cases, before = tools_run["run"], tools_run["cases"], tools_run["before"]
     after, said = call_accuracy(run.output_dir, cases)

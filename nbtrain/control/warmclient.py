@@ -1,0 +1,125 @@
+"""Warm start, the client's side: ask this user's warm process (nbtrain.worker.warm) to fork a process that
+would otherwise start cold.
+
+``try_warm`` is called by the one spawner (control.process.start_process) for the processes a warm process
+serves; any failure returns the reason, the spawner starts the process cold (and, when none answers, a warm
+process for the next run) and the run's log says why in one line. ``NBTRAIN_WARM=0`` turns it off. Starting,
+listing and stopping warm processes is nbtrain.control.warm.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from nbtrain.contract import warm as proto
+from nbtrain.hardware.clock import same_start, start_record
+
+CONNECT_TIMEOUT = 2.0
+REPLY_TIMEOUT = 30.0
+
+
+@dataclass
+class WarmChild:
+    """A process the warm process forked: not this process's child, so its exit status comes from the
+    file it writes as it exits (``exit_file``)."""
+
+    pid: int
+    create_time: float | None
+    exit_file: Path
+    code: int | None = None
+    boot_time: float | None = None  # what create_time was computed with (hardware/clock.py)
+
+    def exit_code(self) -> int | None:
+        """None while it runs; its exit status once it ended (-9 when it was killed before it could say)."""
+        if self.code is not None:
+            return self.code
+        try:
+            p = psutil.Process(self.pid)
+            same = self.create_time is None or same_start(p, self.create_time, self.boot_time)
+            if same and p.status() != psutil.STATUS_ZOMBIE:
+                return None
+        except psutil.Error:
+            pass
+        try:
+            code = int(self.exit_file.read_text())
+        except (OSError, ValueError):
+            code = -signal.SIGKILL
+        self.exit_file.unlink(missing_ok=True)
+        self.code = code
+        return code
+
+
+@dataclass(frozen=True)
+class Cold:
+    """Why a process starts cold; ``start_one``: no warm process answers for this environment (none yet, or
+    a stale one that exits), so the spawner starts one for the next run."""
+
+    reason: str
+    start_one: bool = False
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def serves(argv: list[str]) -> bool:
+    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in proto.SERVED
+
+
+def _connect(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(CONNECT_TIMEOUT)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        s.connect(f"/proc/self/fd/{dfd}/{path.name}")
+    except BaseException:
+        s.close()
+        raise
+    finally:
+        os.close(dfd)
+    return s
+
+
+def try_warm(
+    argv: list[str], *, log_fd: int, cwd: Path | None, env: Mapping[str, str], pass_fds: tuple[int, ...]
+) -> WarmChild | Cold:
+    """The child the warm process forked for ``argv``, or why it could not (start cold then)."""
+    if not proto.enabled(env):
+        return Cold(f"{proto.ENV_OFF}=0")
+    key = proto.env_key(env)
+    path = proto.socket_path(key, env)
+    try:
+        s = _connect(path)
+    except OSError:
+        return Cold("no warm process was running yet (one is starting for the next run)", start_one=True)
+    exits = proto.warm_dir(env) / "exit"
+    exit_file = exits / f"{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        exits.mkdir(exist_ok=True, mode=0o700)
+        with s:
+            request = {"argv": argv, "cwd": str(cwd or os.getcwd()), "env": dict(env), "fds": list(pass_fds),
+                       "exit_file": str(exit_file)}  # fmt: skip
+            proto.send_request(s, request, [log_fd, *pass_fds])
+            s.settimeout(REPLY_TIMEOUT)
+            reply = proto.recv_reply(s)
+    except (OSError, ValueError) as e:
+        return Cold(f"the warm process did not answer ({type(e).__name__}: {e})")
+    if "pid" not in reply:
+        why = str(reply.get("cold") or reply)
+        return Cold(
+            why, start_one="changed since" in why
+        )  # the stale one exits: a fresh one for the next run
+    pid = int(reply["pid"])
+    try:
+        began: dict[str, float | None] = dict(start_record(psutil.Process(pid)))
+    except psutil.Error:
+        began = {"create_time": None, "boot_time": None}
+    return WarmChild(pid, began["create_time"], exit_file, boot_time=began["boot_time"])
