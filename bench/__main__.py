@@ -1,6 +1,7 @@
 """``make bench``: run every bench/bench_*.py script in turn; each prints its table and writes
 bench/results/<name>.json. Then one Markdown table of every results/*.json goes to
-bench/results/README.md (and stdout): what README's "Performance" section shows. Not part of ``make test``.
+bench/results/README.md (and stdout), above its hand-written "## Notes", which are kept. Not part of
+``make test``.
 
     python -m bench            # run everything, then write the table
     python -m bench --table    # only rewrite the table from the results already there
@@ -220,8 +221,14 @@ def write_table(results: Path = RESULTS) -> str:
         "cores (see each file for its machine and the load it ran under).\n\n"
     )
     text = head + table(results)
-    (results / "README.md").write_text("# Benchmark results\n\n" + text)
+    readme = results / "README.md"
+    old = readme.read_text() if readme.exists() else ""
+    notes = old[old.index(NOTES) :] if NOTES in old else ""  # the dated notes are written by hand: kept
+    readme.write_text("# Benchmark results\n\n" + text + ("\n" + notes if notes else ""))
     return text
+
+
+NOTES = "## Notes"
 
 
 def main() -> int:

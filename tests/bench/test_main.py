@@ -1,11 +1,11 @@
-"""bench/__main__.py's results table (what README's "Performance" section shows)."""
+"""bench/__main__.py's results table (bench/results/README.md; docs/performance.md shows its headlines)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench.__main__ import table
+from bench.__main__ import table, write_table
 
 
 def test_table_summarises_each_result_with_its_date_and_flags_an_unknown_shape(tmp_path: Path) -> None:
@@ -56,3 +56,14 @@ def test_table_summarises_msswift_as_nbtrain_over_ms_swift(tmp_path: Path) -> No
     assert "warm 0.05x, cold 0.25x of ms-swift's 20.0 s (LLaMA-Factory 0.30x, bare TRL 0.28x)" in rows[0]
     assert "steps/s (median step) cold 9.00x, warm 8.00x of ms-swift's 10.0" in rows[1]
     assert "peak RSS cold 0.33x, warm 0.28x of 1600 MiB; final loss 6.182 vs 6.180" in rows[1]
+
+
+def test_rewriting_the_table_keeps_the_hand_written_notes(tmp_path: Path) -> None:
+    (tmp_path / "newbench.json").write_text(json.dumps({"x": 1}))
+    (tmp_path / "README.md").write_text(
+        "# Benchmark results\n\n| old table |\n\n## Notes\n\n- a dated note\n"
+    )
+    write_table(tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert "| old table |" not in text and "| newbench | see the file |" in text
+    assert text.endswith("## Notes\n\n- a dated note\n")
