@@ -209,8 +209,8 @@ def prepare(
     hook_payload = hooks_payload(res, ns) if ns is not None else None
     hw = hardware or probe_hardware()
     plan = make_plan(res, hw)
-    if refused := accelerator_problems(res.config, plan, hw.accelerator):  # Apple MPS, Ascend NPU
-        raise problems_error(res.text, refused)
+    # the rules over the plan: every refusal they give is raised together, in one error
+    refused = accelerator_problems(res.config, plan, hw.accelerator)  # Apple MPS, Ascend NPU
     if hub_note is not None:
         (plan.reasons if plan.estimate is None else res.notes).append(f"model: {hub_note}")
     violations = preset_plan_problems(preset, res, plan) if preset is not None else []
@@ -221,11 +221,14 @@ def prepare(
         args["max_length"] = None  # TRL would cut a long row inside its image tokens: the row's own length
     if preset is not None:
         violations += preset_args_problems(preset, args, plan.world_size, res.config.objective)
-        if violations and enforce_preset:
-            raise problems_error(res.text, violations)
-        plan.warnings += [message for _, message in violations]
+        if enforce_preset:
+            refused += violations
+        else:
+            plan.warnings += [message for _, message in violations]
         res.notes += [f"lab preset: {p.source}" for p in preset.chain()]
-    planned_problems(res, args, plan.world_size)
+    refused += planned_problems(res, args, plan.world_size)
+    if refused:
+        raise problems_error(res.text, refused)
     if plan.strategy.startswith("zero"):
         plan.deepspeed = deepspeed_config(res, plan, args)
     src = gguf_source(res, plan.precision)

@@ -148,3 +148,19 @@ def test_an_npu_estimate_is_shown_per_npu_and_not_checked_against_an_unread_size
     assert all(r["reason"].startswith("fits as far as known") for r in rows)
     est, _ = prep.memory() or (None, None)
     assert est is not None and device_labels(est)[0] == "NPU 0"
+
+
+def test_what_the_device_refuses_and_what_the_batch_rules_refuse_come_in_one_error(workdir: Path) -> None:
+    from nbtrain.examples import write_dataset
+
+    write_dataset(workdir / "data" / "unpaired.jsonl", "unpaired", n=16)
+    text = (
+        "model: ./tiny-llama\nmethod: qlora\nobjective: kto\ndata: {train: data/unpaired.jsonl}\n"
+        "train: {max_steps: 2, per_device_train_batch_size: 1}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        prepare(text, hardware=mac())
+    messages = [p.render() for p in e.value.problems]
+    assert len(messages) == 2, messages
+    assert any("method: qlora is not offered on mps" in m for m in messages)
+    assert any("per_device_train_batch_size of 2 or more" in m for m in messages)

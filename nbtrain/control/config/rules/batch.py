@@ -7,16 +7,17 @@ from typing import Any
 
 from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
 from nbtrain.control.config import trainargs
-from nbtrain.control.config.problems import problems_error
 from nbtrain.control.config.schema.run import Resolved, RunConfig
 
 
-def planned_problems(res: Resolved, args: dict[str, Any], world_size: int) -> None:
+def planned_problems(
+    res: Resolved, args: dict[str, Any], world_size: int
+) -> list[tuple[tuple[str | int, ...], str]]:
     """Checks that need the plan: the number of processes and the batch sizes (the planner may choose
-    them). Raises ConfigError; called by prepare() before anything starts."""
+    them). Returns (key path, message) items; prepare() raises them with the plan's other refusals."""
     cfg = res.config
     if cfg.objective not in OBJECTIVES:
-        return
+        return []
     defaults = trainargs.fields_for(cfg.objective)
 
     def value(key: str) -> Any:
@@ -35,8 +36,7 @@ def planned_problems(res: Resolved, args: dict[str, Any], world_size: int) -> No
         )
     if cfg.objective in rewards_objectives():  # GRPO and RLOO sample groups of completions alike
         items += grpo_batch_problems(cfg, value, world_size)
-    if items:
-        raise problems_error(res.text, items)
+    return items
 
 
 def grpo_batch_problems(
