@@ -26,6 +26,11 @@ from collections.abc import Mapping
 from typing import Any
 
 PLACEHOLDER = "<image>"
+# The most pixels an image may have, read from its header before it is decoded (a small compressed file
+# can hold a huge picture: a 187 KB PNG of 12000 x 12000 decodes to 432 MB); and the most one request to
+# the model server may carry in all. 50 megapixels is a large camera's photo.
+MAX_IMAGE_PIXELS = 50_000_000
+MAX_REQUEST_PIXELS = 100_000_000
 IMAGE_COLUMNS = ("images", "image")
 _INLINE_KEYS = ("path", "url", "image", "base64")
 _MESSAGE_KEYS = ("messages", "conversations", "prompt", "chosen", "rejected", "completion")

@@ -85,6 +85,12 @@ class RunPaths:
         """The writer lock: the one process that trains in this directory holds an flock on it."""
         return self.root / ".lock"
 
+    @property
+    def trainer_lock(self) -> Path:
+        """The trainer's own lock: taken by the process that trains (rank 0) with a file of its own, so a
+        second process on the same directory cannot train, whatever lock it was handed."""
+        return self.root / ".trainer.lock"
+
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.log"
 
@@ -103,6 +109,29 @@ class RunPaths:
             except (OSError, ValueError):
                 continue
         return pids
+
+    def not_yours(self) -> str | None:
+        """Why this run directory is not this user's to act on, or None. Its folder and the files that say
+        what to run or which processes to signal (config.yaml, resolved.json, launch.json, the ranks' pid
+        files) must be owned by this user: in a runs root others can write to (a course's shared folder),
+        a directory someone else made could otherwise have you re-run their config (their model's code,
+        with trust_remote_code) or signal your own processes named in their launch.json."""
+        me = os.geteuid()
+        files = [self.root, self.config, self.resolved, self.launch, *sorted(self.control.glob("pid-rank*"))]
+        for f in files:
+            try:
+                owner = os.lstat(f).st_uid
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                return f"{f} cannot be read ({e.strerror})"
+            if owner != me:
+                return (
+                    f"{f} is owned by uid {owner}, not by you (uid {me}): nbtrain does not resume, stop or "
+                    f"load a run another user's files describe. To train it yourself, start a new run from "
+                    f"its config.yaml"
+                )
+        return None
 
     def make(self) -> None:
         for d in (self.root, self.logs, self.control, self.checkpoints):
@@ -127,6 +156,23 @@ def lock_run(paths: RunPaths) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def lock_trainer(paths: RunPaths, wait: float = 5.0) -> int | None:
+    """Take the trainer's lock (``RunPaths.trainer_lock``), opened here, never inherited; returns its fd, or
+    None when another process trains in the directory. A holder that was just killed drops it as it
+    exits: it is tried for ``wait`` seconds."""
+    fd = os.open(paths.trainer_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.1)
 
 
 def holds_inherited_lock(paths: RunPaths) -> bool:

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import struct
 import sys
 from collections.abc import Mapping
@@ -29,10 +30,12 @@ from pathlib import Path
 from typing import Any
 
 # Read by the preloaded libraries when they are imported (so they must agree with the warm process's), by
-# prefix or by name. Left out: what is read only later, in the child (CUDA_*, PYTORCH_CUDA_ALLOC_CONF,
-# OMP_/MKL_NUM_THREADS at the first parallel operation), and what libraries set for themselves when a
-# process imports them (OPENBLAS_CORETYPE, TORCHINDUCTOR_CACHE_DIR...), which differ between a kernel that
-# imported torch and one that did not.
+# prefix or by name. The thread counts are among them: torch sizes its intra-op pool as it is imported, so
+# a child forked from a process imported with 2 threads keeps 2 whatever OMP_NUM_THREADS it is given (a
+# run asking for 1 goes to a warm process of its own). Left out: what is read only later, in the child
+# (CUDA_*, PYTORCH_CUDA_ALLOC_CONF), and what libraries set for themselves when a process imports them
+# (OPENBLAS_CORETYPE, TORCHINDUCTOR_CACHE_DIR...), which differ between a kernel that imported torch and
+# one that did not.
 _KEY_PREFIXES = (
     "HF_",
     "HUGGINGFACE_",
@@ -46,6 +49,7 @@ _KEY_PREFIXES = (
 _KEY_NAMES = (
     "HOME", "XDG_CACHE_HOME", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONNOUSERSITE",
     "LD_LIBRARY_PATH", "LD_PRELOAD", "NBTRAIN_LEAN_IMPORTS", "TMPDIR",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KMP_AFFINITY", "GOMP_CPU_AFFINITY",
 )  # fmt: skip
 # The modules a warm process may become: the training worker (one process; launchers stay cold), the model
 # server and the one-off jobs (the eval job imports scipy itself for lm-eval's metrics). The kernel asks only
@@ -82,6 +86,32 @@ def warm_dir(env: Mapping[str, str] | None = None) -> Path:
         return Path(env[ENV_DIR])
     home = env.get("NBTRAIN_HOME") or os.path.join(os.path.expanduser("~"), ".nbtrain")
     return Path(home) / "warm"
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why the warm folder is not safe to use, or None: it must be this user's own folder, which nobody
+    else can enter (a request carries the whole environment, tokens included, and the run's descriptors;
+    a socket another user placed there would receive them). A missing folder is made so by whoever
+    creates it first."""
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"the warm folder {folder} cannot be read ({e.strerror})"
+    me = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):
+        return f"the warm folder {folder} is not a folder (a link?): warm start is off"
+    if st.st_uid != me:
+        return (
+            f"the warm folder {folder} is owned by uid {st.st_uid}, not by you (uid {me}): warm start is off"
+        )
+    if st.st_mode & 0o077:
+        return (
+            f"the warm folder {folder} can be entered by others (mode {stat.S_IMODE(st.st_mode):o}): warm "
+            f"start is off until it is yours alone (chmod 700 {folder})"
+        )
+    return None
 
 
 def socket_path(key: str, env: Mapping[str, str] | None = None) -> Path:

@@ -171,6 +171,8 @@ def start_warm(env: Mapping[str, str] | None = None) -> bool:
     key = proto.env_key(env)
     folder = proto.warm_dir(env)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if proto.folder_problem(folder) is not None:
+        return False  # another user's, or open to others: the next start says why, and starts cold
     if proto.held(folder / f"{key}.lock"):
         return False  # one is running, or still importing
     argv = [sys.executable, "-m", "nbtrain.worker.warm"]

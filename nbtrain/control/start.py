@@ -309,6 +309,8 @@ def writer_lock(run: Run) -> Iterator[int]:
 
 
 def _check_resumable(run: Run) -> None:
+    if why := run.paths.not_yours():
+        raise NbtrainError(f"not resuming run {run.id}: {why}")
     st = run.status()
     if not st.done:
         raise NbtrainError(f"run {run.id} is {st.state}; stop it before resuming")

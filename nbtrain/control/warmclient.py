@@ -96,10 +96,17 @@ def try_warm(
         return Cold(f"{proto.ENV_OFF}=0")
     key = proto.env_key(env)
     path = proto.socket_path(key, env)
+    if why := proto.folder_problem(proto.warm_dir(env)):
+        return Cold(why)
+    sweep_exit_files(proto.warm_dir(env) / "exit")  # at every start: the ones nobody will read
     try:
         s = _connect(path)
     except OSError:
         return Cold("no warm process was running yet (one is starting for the next run)", start_one=True)
+    creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)  # pid, uid, gid of who listens
+    if (uid := int.from_bytes(creds[4:8], sys.byteorder)) != os.geteuid():
+        s.close()
+        return Cold(f"the warm socket {path} is served by uid {uid}, not by you: nothing was sent to it")
     exits = proto.warm_dir(env) / "exit"
     exit_file = exits / f"{os.getpid()}-{time.monotonic_ns()}"
     try:
@@ -123,3 +130,26 @@ def try_warm(
     except psutil.Error:
         began = {"create_time": None, "boot_time": None}
     return WarmChild(pid, began["create_time"], exit_file, boot_time=began["boot_time"])
+
+
+EXIT_FILE_DAYS = 1.0  # an exit file nobody read by then never will be
+
+
+def sweep_exit_files(exits: Path) -> int:
+    """Remove the exit files nobody will read: those of a process that asked for the child and is gone
+    (each file is named after the pid that asked), and any older than EXIT_FILE_DAYS. Returns how many."""
+    removed = 0
+    try:
+        entries = list(os.scandir(exits))
+    except OSError:
+        return 0
+    for e in entries:
+        try:
+            asker = int(e.name.split("-", 1)[0])
+            stale = time.time() - e.stat(follow_symlinks=False).st_mtime > EXIT_FILE_DAYS * 86400
+            if stale or not psutil.pid_exists(asker):
+                os.unlink(e.path)
+                removed += 1
+        except (OSError, ValueError):
+            continue
+    return removed

@@ -14,7 +14,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from nbtrain.contract.rundir import RunPaths, holds_inherited_lock, lock_run, read_json, write_status
+from nbtrain.contract.rundir import (
+    RunPaths,
+    holds_inherited_lock,
+    lock_run,
+    lock_trainer,
+    read_json,
+    write_status,
+)
 from nbtrain.contract.tracking import requested, tracking_env
 from nbtrain.worker import writer
 from nbtrain.worker.control import LogCap, MemoryGuard, StopControl
@@ -57,15 +64,22 @@ _LOCK: list[int] = []  # the run's lock, when this process took it itself: held 
 
 def hold_run_lock(paths: RunPaths) -> bool:
     """One writer per run directory. Started by nbtrain, this process (or the launcher above it, for the
-    ranks of a multi-process run) was handed the lock; started by hand, it takes the lock itself."""
-    if holds_inherited_lock(paths):
-        return True
-    if "LOCAL_RANK" in os.environ or "RANK" in os.environ:
-        return True  # a rank: the launcher that started it holds the lock
-    fd = lock_run(paths)
-    if fd is None:
+    ranks of a multi-process run) was handed the lock; started by hand, it takes the lock itself. Either
+    way the process that trains (rank 0) then takes the trainer's lock itself, with a file of its own: a
+    handed lock is shared by whoever got the descriptor (a worker started cold beside one the warm process
+    forked late, or anyone who opens the lock file and names it), the trainer's lock by one process."""
+    rank = "LOCAL_RANK" in os.environ or "RANK" in os.environ  # (a rank: the launcher holds the lock)
+    if not holds_inherited_lock(paths) and not rank:
+        fd = lock_run(paths)
+        if fd is None:
+            return False
+        _LOCK.append(fd)
+    if os.environ.get("RANK", "0") != "0":
+        return True  # the other ranks write no run files of their own
+    trainer = lock_trainer(paths)
+    if trainer is None:
         return False
-    _LOCK.append(fd)
+    _LOCK.append(trainer)
     return True
 
 

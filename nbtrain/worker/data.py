@@ -327,7 +327,7 @@ def image_entry(ref: Any, base: str | None, where: str) -> dict[str, Any]:
 
     from PIL import Image, UnidentifiedImageError
 
-    from nbtrain.contract.images import ImageRowError, describe, image_source
+    from nbtrain.contract.images import MAX_IMAGE_PIXELS, ImageRowError, describe, image_source
 
     try:
         kind, value = image_source(ref, base)
@@ -347,7 +347,14 @@ def image_entry(ref: Any, base: str | None, where: str) -> dict[str, Any]:
         raise DataError(f"{where}: the image {name} is not there (looked for {value}); fix or remove the row")
     try:
         with Image.open(value if kind == "path" else io.BytesIO(value)) as im:
+            if im.width * im.height > MAX_IMAGE_PIXELS:  # from the header: nothing decoded yet
+                raise DataError(
+                    f"{where}: the image {name} is {im.width} x {im.height} pixels, over "
+                    f"{MAX_IMAGE_PIXELS / 1e6:.0f} megapixels; scale it down or remove the row"
+                )
             im.verify()
+    except DataError:
+        raise
     except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(
             f"{where}: the image {name} is not a readable image ({type(e).__name__}: {str(e)[:200]}); fix or "
@@ -357,13 +364,28 @@ def image_entry(ref: Any, base: str | None, where: str) -> dict[str, Any]:
 
 
 def fetch_image(url: str, where: str) -> bytes:
+    import time
     import urllib.request
 
+    deadline = time.monotonic() + URL_TIMEOUT  # for the whole fetch: a server that trickles bytes ends too
+    chunks: list[bytes] = []
+    size = 0
     try:
         with urllib.request.urlopen(url, timeout=URL_TIMEOUT) as resp:  # image_source: http(s) only
-            data = bytes(resp.read(MAX_IMAGE_BYTES + 1))
+            while size <= MAX_IMAGE_BYTES:
+                if time.monotonic() > deadline:
+                    raise DataError(
+                        f"{where}: the image {url} took over {URL_TIMEOUT:.0f} s to fetch ({size} bytes "
+                        f"came); fetch it yourself and give its path, or remove the row"
+                    )
+                chunk = resp.read1(65536)  # what one read of the socket gives (read() waits for all)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
     except OSError as e:
         raise DataError(f"{where}: the image {url} could not be fetched ({e})") from None
+    data = b"".join(chunks)
     if len(data) > MAX_IMAGE_BYTES:
         raise DataError(f"{where}: the image {url} is over {MAX_IMAGE_BYTES // 2**20} MiB")
     return data

@@ -224,6 +224,12 @@ def handle(conn: socket.socket, srv: socket.socket, key: str, started_stamp: str
         if why is not None:
             proto.send_reply(conn, {"cold": why})
             return "changed since" not in why
+        if client_gone(conn):  # it gave up waiting (and started the process cold): no fork for it
+            print(
+                f"nbtrain warm: the client gave up; not forking for {' '.join(request['argv'][2:])}",
+                flush=True,
+            )
+            return True
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -232,12 +238,32 @@ def handle(conn: socket.socket, srv: socket.socket, key: str, started_stamp: str
         os.close(w)
         ok = os.read(r, 1) == b"1"  # the child leads its session now: pgid == pid
         os.close(r)
-        proto.send_reply(conn, {"pid": pid} if ok else {"cold": "the forked child did not start"})
+        try:
+            proto.send_reply(conn, {"pid": pid} if ok else {"cold": "the forked child did not start"})
+        except OSError:  # the client left between the check and the fork: nobody knows this child
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            print(f"nbtrain warm: the client left; killed {pid}, forked for it", flush=True)
+            return True
         print(f"nbtrain warm: forked {pid} for {' '.join(request['argv'][2:])}", flush=True)
         return True
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def client_gone(conn: socket.socket) -> bool:
+    """Whether the client closed its end (it waits for the reply with nothing more to send, so anything
+    readable is its end of file)."""
+    conn.setblocking(False)
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        conn.settimeout(10)
 
 
 def bind(path: Path) -> socket.socket:
@@ -264,6 +290,9 @@ def serve(idle: float) -> int:
     key = proto.env_key(os.environ)  # before preload sets its own variables
     folder = proto.warm_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if why := proto.folder_problem(folder):
+        print(f"nbtrain warm: not serving: {why}", flush=True)
+        return 1
     lock = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

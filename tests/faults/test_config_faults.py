@@ -420,3 +420,14 @@ def test_resume_refuses_a_run_whose_pickle_others_can_write(workdir: Path) -> No
     with pytest.raises(NbtrainError, match="writable by others"):
         nbtrain.resume(run.id)
     assert not run.paths.launch.exists()
+
+
+def test_lora_targets_the_model_lacks_are_refused_before_the_run_directory_exists(workdir: Path) -> None:
+    config = lora_yaml(extra="lora: {target_modules: [q_proj, qproj, mlp_up]}\n")
+    problem = problem_at(config, "lora.target_modules")
+    assert "no module named 'qproj' (did you mean 'q_proj'?), 'mlp_up'" in problem.message
+    assert "up_proj" in problem.message and "target_modules: auto | all-linear" in problem.message
+    with pytest.raises(ConfigError):
+        nbtrain.finetune(config, name="bad-targets")
+    assert nbtrain.runs() == []  # nothing was written
+    assert validate(lora_yaml(extra="lora: {target_modules: [q_proj, down_proj]}\n")) == []

@@ -24,7 +24,12 @@ from nbtrain.control.config.rewardmodels import RunLookup
 from nbtrain.control.config.rules.data import chat_template_key, check_sources, data_sections, preprocess_hook
 from nbtrain.control.config.rules.distributed import check_distributed
 from nbtrain.control.config.rules.method import method_sections
-from nbtrain.control.config.rules.model import bitsandbytes_problem, check_model
+from nbtrain.control.config.rules.model import (
+    bitsandbytes_problem,
+    check_model,
+    lora_targets_problem,
+    module_names,
+)
 from nbtrain.control.config.rules.objective import (
     hooks_sections,
     objective_sections,
@@ -145,6 +150,11 @@ def load_config(
     reward_list: list[str | RewardModelRef] | None = None
     if cfg is not None:
         method_sections(cfg, probs)
+        if model_kind == "local" and cfg.lora is not None and isinstance(cfg.lora.target_modules, list):
+            names = module_names((base / Path(cfg.model).expanduser()).resolve())
+            why = lora_targets_problem(names, cfg.lora.target_modules) if names else None
+            if why:
+                probs.add(("lora", "target_modules"), why)
         data_sections(cfg, probs)
         objective_sections(cfg, probs)
         reward_list = reward_models(cfg, base, probs, runs)

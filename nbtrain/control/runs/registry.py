@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nbtrain.contract.paths import home_dir, runs_root
-from nbtrain.contract.rundir import MAX_JSON_BYTES, read_json
+from nbtrain.contract.rundir import MAX_JSON_BYTES, RunPaths, read_json
 
 T = TypeVar("T")
 
@@ -84,8 +84,10 @@ def _db(fn: Callable[[sqlite3.Connection], T]) -> T:
 
     try:
         return _retry(once)
-    except sqlite3.OperationalError:
-        raise  # locked past every retry, read-only, no space: a real error to show, not corruption
+    except (sqlite3.OperationalError, sqlite3.IntegrityError):
+        # locked past every retry, read-only, no space: a real error to show, not corruption; a duplicate
+        # id (a copied run directory) is the caller's to handle, and the registry is fine
+        raise
     except sqlite3.DatabaseError as e:
         path = db_path()
         aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
@@ -168,6 +170,8 @@ def rebuild(root: Path) -> int:
     for resolved in sorted(root.glob("*/resolved.json")):
         run_dir = resolved.parent
         if str(run_dir) in known or run_dir.name.startswith("."):  # ".<id>.partial": still being created
+            continue
+        if RunPaths(run_dir).not_yours():  # another user's run in a shared runs root: never yours to act on
             continue
         try:
             info = read_json(resolved, max_bytes=MAX_JSON_BYTES)  # never a FIFO (it would block), a link

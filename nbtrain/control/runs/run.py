@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import html
+import math
 import os
 import re
 import secrets
@@ -115,6 +116,19 @@ def _bytes(n: float, total: float | None = None) -> str:
     return f"{fmt(n)} / {fmt(total)} {unit}" if total is not None else f"{fmt(n)} {unit}"
 
 
+def _count(v: Any) -> int | None:
+    """A whole number of status.json, or None when the field holds something else."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return int(v)
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
 def _slug(s: str) -> str:
     s = re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-._")
     return (s or "run")[:40]
@@ -171,13 +185,18 @@ class Run:
 
             if slurm.consult(raw):
                 raw = slurm.reconcile(self.paths, raw)
+        # status.json is read as it is found: a field of the wrong type (a hand edit, another tool) is
+        # left out rather than crashing every view of the run
+        error = raw.get("error")
+        if error is not None and not isinstance(error, dict):
+            error = {"type": "error", "message": str(error)[:500]}
         st = RunStatus(
             state=str(raw.get("state", "queued")),
-            step=int(raw.get("step") or 0),
-            max_steps=raw.get("max_steps"),
-            error=raw.get("error"),
-            updated=raw.get("updated"),
-            summary=raw.get("summary") or {},
+            step=_count(raw.get("step")) or 0,
+            max_steps=_count(raw.get("max_steps")),
+            error=error,
+            updated=_number(raw.get("updated")),
+            summary=raw.get("summary") if isinstance(raw.get("summary"), dict) else {},
             phase=raw.get("phase") if isinstance(raw.get("phase"), str) else None,
             download=raw.get("download") if isinstance(raw.get("download"), dict) else None,
             slurm=raw.get("slurm") if isinstance(raw.get("slurm"), dict) else None,
@@ -264,6 +283,8 @@ class Run:
         st = self.status()
         if st.done:
             return st
+        if why := self.paths.not_yours():
+            raise NbtrainError(f"not stopping run {self.id}: {why}")
         job = self._read_status().get("slurm_job")
         if job:
             return self._stop_slurm(str(job), timeout, by)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nbtrain.contract.images import MAX_IMAGE_PIXELS, MAX_REQUEST_PIXELS
 from nbtrain.contract.rundir import RunPaths, read_json
 from nbtrain.worker.serve.batching import Batcher
 
@@ -134,10 +135,12 @@ MAX_IMAGES = 16
 MAX_IMAGE_BYTES = 32 * 2**20
 
 
-def request_image(url: Any, where: str) -> Any:
-    """The image of an ``image_url`` part: a ``data:`` URI (base64) or a ``file:`` URL / path on this
-    machine, decoded with Pillow; RequestError naming the part otherwise."""
+def request_image(url: Any, where: str, pixels_left: int = MAX_REQUEST_PIXELS) -> Any:
+    """The image of an ``image_url`` part: a ``data:`` URI (base64) or a ``file:`` URL / path of a regular
+    file on this machine, decoded with Pillow once its header says it has at most MAX_IMAGE_PIXELS (and at
+    most ``pixels_left``, what the request's earlier images left); RequestError naming the part otherwise."""
     import io
+    import stat
 
     from PIL import Image
 
@@ -153,16 +156,33 @@ def request_image(url: Any, where: str) -> Any:
         raise RequestError(
             f"{where}: give the image as a data: URI or a file: URL, not {url[:80]}", "messages"
         )
+    too_big = f"{where}: the image is over {MAX_IMAGE_BYTES // 2**20} MiB"
     try:
         if kind == "path":
-            if Path(value).stat().st_size > MAX_IMAGE_BYTES:
-                raise RequestError(f"{where}: the image is over {MAX_IMAGE_BYTES // 2**20} MiB", "messages")
-            with Image.open(value) as im:
-                return im.convert("RGB")
-        if len(value) > MAX_IMAGE_BYTES:
-            raise RequestError(f"{where}: the image is over {MAX_IMAGE_BYTES // 2**20} MiB", "messages")
-        with Image.open(io.BytesIO(value)) as im:
+            st = Path(value).stat()
+            if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would hold the handler for ever
+                raise RequestError(f"{where}: {value} is not a regular file", "messages")
+            if st.st_size > MAX_IMAGE_BYTES:
+                raise RequestError(too_big, "messages")
+            source: Any = value
+        else:
+            if len(value) > MAX_IMAGE_BYTES:
+                raise RequestError(too_big, "messages")
+            source = io.BytesIO(value)
+        with Image.open(source) as im:  # reads the header only
+            pixels = im.width * im.height
+            if pixels > min(MAX_IMAGE_PIXELS, pixels_left):
+                most = min(MAX_IMAGE_PIXELS, pixels_left)
+                which = "per image" if most == MAX_IMAGE_PIXELS else "left for this request"
+                raise RequestError(
+                    f"{where}: the image is {im.width} x {im.height} ({pixels / 1e6:.0f} megapixels); at "
+                    f"most {most / 1e6:.0f} megapixels {which} ({MAX_REQUEST_PIXELS / 1e6:.0f} per "
+                    f"request): scale it down first",
+                    "messages",
+                )
             return im.convert("RGB")
+    except RequestError:
+        raise
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise RequestError(f"{where}: not a readable image ({type(e).__name__}: {e})", "messages") from None
 
@@ -181,7 +201,8 @@ def _content_parts(content: list[Any], where: str, images: list[Any]) -> list[di
             url = url.get("url") if isinstance(url, dict) else url
             if len(images) >= MAX_IMAGES:
                 raise RequestError(f"at most {MAX_IMAGES} images per request", "messages")
-            images.append(request_image(url, here))
+            used = sum(im.width * im.height for im in images)
+            images.append(request_image(url, here, MAX_REQUEST_PIXELS - used))
             parts.append({"type": "image", "image": images[-1]})
         else:
             raise RequestError(f"{here} must be a text or image_url part", "messages")

@@ -104,3 +104,47 @@ def check_gguf(path: Path, gguf_file: str | None, probs: Problems) -> str | None
     except gguf.GgufProblem as e:
         probs.add(("model",), str(e))
     return "gguf"
+
+
+MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header larger than this is not a model's
+
+
+def module_names(model_dir: Path) -> set[str] | None:
+    """The names of a local model's modules that hold weights ('model.layers.0.self_attn.q_proj'), from its
+    safetensors index or headers: nothing is loaded. None when they cannot be read (no safetensors)."""
+    import json
+    import struct
+
+    keys: set[str] = set()
+    index = model_dir / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            keys = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {})
+        else:
+            for f in sorted(model_dir.glob("*.safetensors"))[:64]:
+                with open(f, "rb") as fh:
+                    (size,) = struct.unpack("<Q", fh.read(8))
+                    if size > MAX_HEADER_BYTES:
+                        return None
+                    keys |= {k for k in json.loads(fh.read(size)) if k != "__metadata__"}
+    except (OSError, ValueError, struct.error, AttributeError):
+        return None
+    return {k.rsplit(".", 1)[0] for k in keys if "." in k} or None
+
+
+def lora_targets_problem(names: set[str], targets: list[str]) -> str | None:
+    """Which of LoRA's ``target_modules`` (a list: each matches a module named so, or ending in '.' + it,
+    as peft matches them) the model has no module for, with the names it does have."""
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if not missing:
+        return None
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in names if not n.rsplit(".", 1)[-1].isdigit()})
+    hints = []
+    for t in missing:
+        close = difflib.get_close_matches(t, leaves, n=1, cutoff=0.6)
+        hints.append(f"'{t}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    shown = ", ".join(leaves[:20]) + (", ..." if len(leaves) > 20 else "")
+    return (
+        f"the model has no module named {', '.join(hints)}: peft would fail after the run started. Its "
+        f"modules with weights are named: {shown}; or use target_modules: auto | all-linear"
+    )

@@ -1,0 +1,113 @@
+"""Images that cost more than they look (issue 36): a small file of a huge picture, a request of many, a
+FIFO named as an image, and an image URL whose server trickles its bytes. Each is refused from what it
+says of itself (its header, its kind of file, the time the fetch has taken), before it costs memory or
+holds a process for ever."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+PIL = pytest.importorskip("PIL")
+
+
+def png(width: int, height: int) -> bytes:
+    """A one-colour PNG: a few kB on disk, ``width * height * 3`` bytes once decoded to RGB."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("1", (width, height)).save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def data_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def test_a_small_file_of_a_huge_picture_is_refused_from_its_header(tmp_path: Path) -> None:
+    from nbtrain.worker.serve.engine import RequestError, request_image
+
+    bomb = png(12000, 12000)
+    assert len(bomb) < 200_000  # what crosses the wire is small
+    before = psutil.Process().memory_info().rss
+    with pytest.raises(RequestError, match=r"12000 x 12000 \(144 megapixels\); at most 50 megapixels per"):
+        request_image(data_uri(bomb), "messages[0].content[0]")
+    assert psutil.Process().memory_info().rss - before < 100 * 2**20  # never decoded (it would be 432 MB)
+    (tmp_path / "bomb.png").write_bytes(bomb)
+    with pytest.raises(RequestError, match="144 megapixels"):
+        request_image((tmp_path / "bomb.png").as_uri(), "messages[0].content[1]")
+
+
+def test_a_request_of_many_big_pictures_is_refused_past_its_total(tmp_path: Path) -> None:
+    from nbtrain.worker.serve.engine import RequestError, _content_parts
+
+    big = data_uri(png(6000, 6000))  # 36 megapixels: allowed alone, and twice
+    content = [{"type": "image_url", "image_url": {"url": big}} for _ in range(8)]
+    images: list[object] = []
+    with pytest.raises(RequestError, match=r"content\[2\].*at most 28 megapixels left for this request"):
+        _content_parts(content, "messages[0]", images)
+    assert len(images) == 2
+
+
+def test_a_fifo_named_as_an_image_is_refused_at_once(tmp_path: Path) -> None:
+    from nbtrain.worker.serve.engine import RequestError, request_image
+
+    fifo = tmp_path / "image.png"
+    os.mkfifo(fifo)
+    began = time.monotonic()
+    with pytest.raises(RequestError, match="is not a regular file"):
+        request_image(fifo.as_uri(), "messages[0].content[0]")
+    assert time.monotonic() - began < 5
+
+
+def test_a_huge_picture_in_the_data_is_refused_naming_the_row(tmp_path: Path) -> None:
+    from nbtrain.worker.data import DataError, image_entry
+
+    (tmp_path / "bomb.png").write_bytes(png(12000, 12000))
+    with pytest.raises(DataError, match=r"row 7: the image .*12000 x 12000 pixels, over 50 megapixels"):
+        image_entry("bomb.png", str(tmp_path), "row 7")
+
+
+@pytest.fixture
+def trickling_server() -> Iterator[str]:
+    """An HTTP server on loopback that sends its headers, then one byte of the body every 0.2 s."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n")
+            while not done.is_set():
+                try:
+                    conn.sendall(b"\x00")
+                except OSError:
+                    return
+                time.sleep(0.2)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}/slow.png"
+    done.set()
+    srv.close()
+
+
+def test_an_image_url_that_trickles_ends_the_fetch_at_its_deadline(
+    trickling_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbtrain.worker import data
+
+    monkeypatch.setattr(data, "URL_TIMEOUT", 2.0)  # each byte comes well within it; the whole never does
+    began = time.monotonic()
+    with pytest.raises(data.DataError, match=r"row 3: the image .* took over 2 s to fetch"):
+        data.fetch_image(trickling_server, "row 3")
+    assert time.monotonic() - began < 6

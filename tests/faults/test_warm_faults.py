@@ -1,0 +1,75 @@
+"""One writer per run directory however the warm process behaves (issue 36): a warm process stopped past
+its client's patience forks nothing for it later, and a second worker on a training run directory trains
+nothing, even when it was handed the run's lock. Checked by the locks and by the metrics (no step twice)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import nbtrain
+from nbtrain.contract.rundir import RUN_LOCK_ENV, read_jsonl
+from tests.conftest import lora_yaml
+from tests.control.test_warm import wait_ready
+
+
+def steps(run: nbtrain.Run) -> list[int]:
+    return [int(r["step"]) for r in read_jsonl(run.paths.metrics) if "loss" in r]
+
+
+def wait_for_step(run: nbtrain.Run, step: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while run.status().step < step:
+        assert not run.status().done, run.logs(30)
+        assert time.monotonic() < deadline, run.logs(30)
+        time.sleep(0.2)
+
+
+def test_a_warm_process_stopped_past_the_clients_patience_forks_nothing_for_it_later(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, warm_processes: Path
+) -> None:
+    from nbtrain.control import warmclient
+
+    ready = wait_ready()
+    monkeypatch.setattr(warmclient, "REPLY_TIMEOUT", 2.0)
+    os.kill(ready["pid"], signal.SIGSTOP)  # it takes the connection (the kernel's backlog), answers nothing
+    try:
+        run = nbtrain.finetune(lora_yaml(40), name="stalled-warm")
+    finally:
+        os.kill(ready["pid"], signal.SIGCONT)  # now it reads the request its client gave up on
+    assert "cold start: the warm process did not answer" in run.paths.rank_log(0).read_text()
+    assert run.wait(timeout=300).state == "completed", run.logs(30)
+    logs = "".join(p.read_text() for p in warm_processes.glob("*.log"))
+    deadline = time.monotonic() + 30
+    while "the client gave up" not in logs and time.monotonic() < deadline:
+        time.sleep(0.2)
+        logs = "".join(p.read_text() for p in warm_processes.glob("*.log"))
+    assert f"the client gave up; not forking for nbtrain.worker {run.dir}" in logs
+    assert f"for nbtrain.worker {run.dir}" not in logs.replace("not forking for", "")  # nothing forked
+    assert steps(run) == list(range(1, 41))  # one writer: each step once
+
+
+def test_a_second_worker_handed_the_runs_lock_trains_nothing(workdir: Path) -> None:
+    run = nbtrain.finetune(lora_yaml(100_000), name="one-writer")  # trains until stopped
+    wait_for_step(run, 2)
+    fd = os.open(run.paths.lock, os.O_RDONLY)  # anyone who can open the lock file can name it as handed
+    try:
+        began = time.monotonic()
+        second = subprocess.run(
+            [sys.executable, "-m", "nbtrain.worker", str(run.dir)], env={**os.environ, RUN_LOCK_ENV: str(fd)},
+            pass_fds=(fd,), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+    assert second.returncode == 3 and "being trained by another process" in second.stderr
+    assert time.monotonic() - began < 60
+    st = run.stop(timeout=60)
+    assert st.state == "stopped"
+    done = steps(run)
+    assert len(done) == len(set(done)) and done == sorted(done)  # nobody wrote a step twice
