@@ -196,7 +196,7 @@ class Run:
             max_steps=_count(raw.get("max_steps")),
             error=error,
             updated=_number(raw.get("updated")),
-            summary=raw.get("summary") if isinstance(raw.get("summary"), dict) else {},
+            summary=summary if isinstance(summary := raw.get("summary"), dict) else {},
             phase=raw.get("phase") if isinstance(raw.get("phase"), str) else None,
             download=raw.get("download") if isinstance(raw.get("download"), dict) else None,
             slurm=raw.get("slurm") if isinstance(raw.get("slurm"), dict) else None,
