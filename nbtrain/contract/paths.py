@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
-def home_dir() -> Path:
-    """NBTRAIN_HOME, else $XDG_DATA_HOME/nbtrain, else ~/.local/share/nbtrain."""
-    env = os.environ.get("NBTRAIN_HOME")
-    if env:
-        return Path(env).expanduser().resolve()
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return (Path(base) / "nbtrain").resolve()
+def home_dir(env: Mapping[str, str] | None = None) -> Path:
+    """NBTRAIN_HOME, else $XDG_DATA_HOME/nbtrain, else ~/.local/share/nbtrain (``~`` and relative paths
+    resolved): of this process's environment, or of ``env`` (a process about to be started)."""
+    env = os.environ if env is None else env
+    home = env.get("NBTRAIN_HOME")
+    if home:
+        return Path(home).expanduser().resolve()
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return (Path(base).expanduser() / "nbtrain").resolve()
 
 
 def runs_root() -> Path:

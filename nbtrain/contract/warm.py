@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nbtrain.contract.paths import home_dir
+
 # Read by the preloaded libraries when they are imported (so they must agree with the warm process's), by
 # prefix or by name. The thread counts are among them: torch sizes its intra-op pool as it is imported, so
 # a child forked from a process imported with 2 threads keeps 2 whatever OMP_NUM_THREADS it is given (a
@@ -83,9 +85,8 @@ def env_key(env: Mapping[str, str]) -> str:
 def warm_dir(env: Mapping[str, str] | None = None) -> Path:
     env = env if env is not None else os.environ
     if env.get(ENV_DIR):
-        return Path(env[ENV_DIR])
-    home = env.get("NBTRAIN_HOME") or os.path.join(os.path.expanduser("~"), ".nbtrain")
-    return Path(home) / "warm"
+        return Path(env[ENV_DIR]).expanduser().resolve()
+    return home_dir(env) / "warm"  # beside the registry, resolved as it is
 
 
 def folder_problem(folder: Path) -> str | None:

@@ -211,6 +211,7 @@ def prepare(
     plan = make_plan(res, hw)
     # the rules over the plan: every refusal they give is raised together, in one error
     refused = accelerator_problems(res.config, plan, hw.accelerator)  # Apple MPS, Ascend NPU
+    refused += cpu_processes_problems(res, plan, hw)
     if hub_note is not None:
         (plan.reasons if plan.estimate is None else res.notes).append(f"model: {hub_note}")
     violations = preset_plan_problems(preset, res, plan) if preset is not None else []
@@ -233,6 +234,20 @@ def prepare(
         plan.deepspeed = deepspeed_config(res, plan, args)
     src = gguf_source(res, plan.precision)
     return Prepared(res, plan, hw, args, rewards=payload, hooks=hook_payload, preset=preset, gguf=src)
+
+
+def cpu_processes_problems(res: Resolved, plan: Plan, hw: Hardware) -> Items:
+    """More CPU processes on this machine than it has cores: each would get a fraction of a core and the
+    machine would thrash (a SLURM job's nodes are its own, and not checked here)."""
+    d = res.config.distributed
+    most = max(2, hw.cpu_count or 1)  # two ranks always: the planner's own choice for a CPU run (any size)
+    asked = d.num_processes if isinstance(d.num_processes, int) else 0
+    if plan.device != "cpu" or d.slurm is not None or d.hostfile is not None or asked <= most:
+        return []
+    return [(("distributed", "num_processes"), (
+        f"{asked} processes on this machine's {hw.cpu_count} CPU core(s): each would get a fraction of a "
+        f"core; use at most {most} (or num_processes: auto)"
+    ))]  # fmt: skip
 
 
 def gguf_source(res: Resolved, precision: str) -> dict[str, Any] | None:

@@ -6,8 +6,8 @@ its own process group and no terminal or kernel signal reaches it; stdin is clos
 appended to a log file, never sent to a pipe nobody reads. The leader's start time (psutil create_time)
 is recorded with its pid (launch.json, serve.json, tensorboard.json): the system may give an exited
 process's pid to another one, so every liveness check and every killpg first checks that the process
-behind the number is still ours. Records written before create_time was kept have only pid and pgid;
-they are trusted as they always were.
+behind the number is still ours. A record without the start time (written before it was kept, or by
+someone else) names no live group: nothing is signalled on its word.
 
 One registry holds the children this process started; every call into the spawner collects the ones
 that have exited, so none is left a zombie.
@@ -170,6 +170,7 @@ def start_warm(env: Mapping[str, str] | None = None) -> bool:
     env = {**env, **job_env()}
     key = proto.env_key(env)
     folder = proto.warm_dir(env)
+    env[proto.ENV_DIR] = str(folder)  # as resolved here: the warm process starts in another folder
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     if proto.folder_problem(folder) is not None:
         return False  # another user's, or open to others: the next start says why, and starts cold
@@ -373,7 +374,7 @@ def leader_alive(rec: Mapping[str, Any]) -> bool:
     try:
         pid, _, ct = _identity(rec)
         leader = psutil.Process(pid)
-        return bool((ct is None or _is(leader, ct, rec)) and leader.status() != psutil.STATUS_ZOMBIE)
+        return bool(ct is not None and _is(leader, ct, rec) and leader.status() != psutil.STATUS_ZOMBIE)
     except (psutil.Error, KeyError, TypeError, ValueError):
         return False
 
@@ -385,9 +386,13 @@ def _members(rec: Mapping[str, Any]) -> list[psutil.Process]:
         pid, pgid, ct = _identity(rec)
     except (KeyError, TypeError, ValueError):
         return []
+    if ct is None:
+        # a record without its leader's start time (written before it was kept, or by someone else): the
+        # number cannot be checked against the process now holding it, so nothing is signalled
+        return []
     members = group_members(pgid)
-    if ct is None or not members:
-        return members  # a record from before create_time was kept: trusted as before
+    if not members:
+        return members
     try:
         return members if _is(psutil.Process(pid), ct, rec) else []  # the number was given to another
     except psutil.NoSuchProcess:

@@ -431,3 +431,17 @@ def test_lora_targets_the_model_lacks_are_refused_before_the_run_directory_exist
         nbtrain.finetune(config, name="bad-targets")
     assert nbtrain.runs() == []  # nothing was written
     assert validate(lora_yaml(extra="lora: {target_modules: [q_proj, down_proj]}\n")) == []
+
+
+def test_more_cpu_processes_than_cores_are_refused_at_prepare(workdir: Path) -> None:
+    from nbtrain.hardware import Hardware
+
+    two_cores = Hardware(cpu_count=2, ram_total=24 * 2**30, ram_available=20 * 2**30)
+    text = lora_yaml(extra="distributed: {strategy: ddp, num_processes: 1000}\n")
+    with pytest.raises(ConfigError) as e:
+        prepare(text, hardware=two_cores)
+    (problem,) = e.value.problems
+    assert problem.path == "distributed.num_processes"
+    assert "1000 processes on this machine's 2 CPU core(s)" in problem.message
+    assert "use at most 2" in problem.message
+    assert prepare(text.replace("1000", "2"), hardware=two_cores).plan.num_processes == 2

@@ -420,3 +420,17 @@ def test_stopping_the_server_mid_stream_ends_it_on_sigterm_within_seconds(
         assert "went away: stopped after" in log or "Finished server process" in log, log[-2000:]
     finally:
         streaming.close()
+
+
+def test_settings_the_server_does_not_honour_get_a_400_naming_them_not_a_quiet_200() -> None:
+    from nbtrain.worker.serve.engine import Params, RequestError
+
+    asked = {"logprobs": True, "top_logprobs": 3, "logit_bias": {"7": 5}, "presence_penalty": 0.5,
+             "response_format": {"type": "json_object"}, "suffix": "x", "echo": 1, "best_of": 2}  # fmt: skip
+    for key, value in asked.items():
+        with pytest.raises(RequestError, match=f"{key} is not supported by this server") as e:
+            Params.from_request({key: value})
+        assert e.value.param == key
+    defaults = {"logprobs": False, "top_logprobs": 0, "logit_bias": {}, "presence_penalty": 0,
+                "frequency_penalty": 0.0, "response_format": {"type": "text"}, "best_of": 1}  # fmt: skip
+    assert Params.from_request(defaults).max_tokens is None  # what clients send by default passes

@@ -228,3 +228,16 @@ def test_a_warm_folder_another_user_made_first_gets_no_request_and_no_secret(
     finally:
         listening.kill()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_warm_folder_and_the_registry_read_nbtrain_home_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbtrain.contract import warm as proto
+    from nbtrain.contract.paths import home_dir
+
+    monkeypatch.chdir(tmp_path)
+    for home in ("~/nb-home", "relative/home", str(tmp_path / "abs")):
+        env = {k: v for k, v in os.environ.items() if k != proto.ENV_DIR} | {"NBTRAIN_HOME": home}
+        assert proto.warm_dir(env) == home_dir(env) / "warm"
+        assert proto.warm_dir(env).is_absolute() and "~" not in str(proto.warm_dir(env))

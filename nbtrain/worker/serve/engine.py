@@ -117,7 +117,28 @@ class Params:
         n = body.get("n", 1)
         if n != 1 or isinstance(n, bool):
             raise RequestError("n must be 1: this server returns one choice per request", "n")
+        for key, asks in UNHONOURED.items():  # a 400 rather than a 200 that quietly ignores them
+            if asks(body.get(key)):
+                raise RequestError(
+                    f"{key} is not supported by this server (nbtrain's built-in one) and would be ignored: "
+                    f"leave it out",
+                    key,
+                )
         return p
+
+
+# What this server does not do, as a request asks for it (a client's defaults, 0 and empty, pass).
+UNHONOURED: dict[str, Callable[[Any], bool]] = {
+    "logprobs": lambda v: bool(v),
+    "top_logprobs": lambda v: v not in (None, 0),
+    "logit_bias": lambda v: bool(v),
+    "response_format": lambda v: v not in (None, {"type": "text"}),
+    "presence_penalty": lambda v: v not in (None, 0),
+    "frequency_penalty": lambda v: v not in (None, 0),
+    "suffix": lambda v: bool(v),
+    "echo": lambda v: bool(v),
+    "best_of": lambda v: v not in (None, 1),
+}
 
 
 @dataclass
