@@ -25,6 +25,7 @@ import socket
 import stat
 import struct
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -129,9 +130,24 @@ def send_request(sock: socket.socket, request: dict[str, Any], fds: list[int]) -
         sock.sendall(payload[4096:])
 
 
-def recv_request(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """One request and the descriptors that came with it (the caller closes them)."""
-    first, fds, _, _ = socket.recv_fds(sock, 4096, MAX_FDS)
+REQUEST_SECONDS = 2.0  # the most one client may take to send its request (it sends it whole, at once)
+
+
+def recv_request(sock: socket.socket, seconds: float = REQUEST_SECONDS) -> tuple[dict[str, Any], list[int]]:
+    """One request and the descriptors that came with it (the caller closes them), all within ``seconds``:
+    a client that trickles its bytes is cut off then (TimeoutError), so it holds nobody else up."""
+    deadline = time.monotonic() + seconds
+
+    def left() -> float:
+        if (t := deadline - time.monotonic()) <= 0:
+            raise TimeoutError(f"the warm request did not arrive within {seconds:g} s")
+        return t
+
+    try:
+        sock.settimeout(left())
+        first, fds, _, _ = socket.recv_fds(sock, 4096, MAX_FDS)
+    except TimeoutError:
+        raise TimeoutError(f"the warm request did not arrive within {seconds:g} s") from None
     try:
         if len(first) < 4:
             raise ValueError("short warm request")
@@ -140,7 +156,11 @@ def recv_request(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
             raise ValueError("warm request too large")
         data = bytearray(first[4:])
         while len(data) < n:
-            chunk = sock.recv(min(65536, n - len(data)))
+            sock.settimeout(left())
+            try:
+                chunk = sock.recv(min(65536, n - len(data)))
+            except TimeoutError:
+                raise TimeoutError(f"the warm request did not arrive within {seconds:g} s") from None
             if not chunk:
                 raise ValueError("warm request cut short")
             data += chunk

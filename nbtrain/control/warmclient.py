@@ -101,8 +101,10 @@ def try_warm(
     sweep_exit_files(proto.warm_dir(env) / "exit")  # at every start: the ones nobody will read
     try:
         s = _connect(path)
-    except OSError:
+    except (FileNotFoundError, ConnectionRefusedError):
         return Cold("no warm process was running yet (one is starting for the next run)", start_one=True)
+    except OSError as e:  # its queue is full (BlockingIOError), or it took too long to take the call
+        return Cold(f"the warm process is busy ({type(e).__name__}: {e})")
     creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)  # pid, uid, gid of who listens
     if (uid := int.from_bytes(creds[4:8], sys.byteorder)) != os.geteuid():
         s.close()

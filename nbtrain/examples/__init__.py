@@ -260,7 +260,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(write_dataset(args.file, args.format, args.n, conversational=not args.plain))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

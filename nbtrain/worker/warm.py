@@ -214,7 +214,11 @@ def handle(conn: socket.socket, srv: socket.socket, key: str, started_stamp: str
     uid = int.from_bytes(creds[4:8], sys.byteorder)
     if uid != os.getuid():
         return True  # not this user's: no answer
-    request, fds = proto.recv_request(conn)
+    try:
+        request, fds = proto.recv_request(conn)
+    except TimeoutError as e:  # a client that trickles (or stalls) is cut off: the next one is served
+        print(f"nbtrain warm: {e}; the connection is closed", flush=True)
+        return True
     try:
         why = refusal(request, key, started_stamp)
         if why is None and not fds:
@@ -278,7 +282,7 @@ def bind(path: Path) -> socket.socket:
         finally:
             os.umask(old)
         os.chmod(tmp, 0o600)
-        srv.listen(16)
+        srv.listen(128)  # many starts at once queue here; each is answered in milliseconds
         os.replace(tmp, path)
     finally:
         os.close(dfd)

@@ -43,3 +43,11 @@ def test_word_rejections_pair_each_sum_with_a_few_words_and_other_kinds_are_refu
         assert 3 <= len(row["rejected"].split()) <= 6 and set(row["rejected"].split()) <= set(WORDS)
     with pytest.raises(ValueError, match=r"rejected is 'wrong' .* or 'words' .*, not 'noise'"):
         preference_rows("preference", n=2, rejected="noise")
+
+
+def test_the_package_runs_as_a_command_that_builds_the_tiny_model(tmp_path: Path) -> None:
+    """``python -m nbtrain.examples model DIR`` (what nbtrain.make_tiny_model runs, and lab 4 calls)."""
+    import nbtrain
+
+    out = nbtrain.make_tiny_model(tmp_path / "tiny")
+    assert (out / "config.json").is_file() and list(out.glob("*.safetensors"))

@@ -445,3 +445,13 @@ def test_more_cpu_processes_than_cores_are_refused_at_prepare(workdir: Path) -> 
     assert "1000 processes on this machine's 2 CPU core(s)" in problem.message
     assert "use at most 2" in problem.message
     assert prepare(text.replace("1000", "2"), hardware=two_cores).plan.num_processes == 2
+
+
+def test_mix_weights_whose_sum_would_overflow_are_refused(workdir: Path) -> None:
+    config = lora_yaml().replace(
+        "  train: data/add.jsonl\n",
+        "  train: [{path: data/add.jsonl, weight: 1.0e+308}, {path: data/add.jsonl, weight: 1.0e+308}]\n",
+    )
+    problems = validate(config)
+    assert {p.path for p in problems} == {"data.train.0.weight", "data.train.1.weight"}, problems
+    assert all("less than or equal to 1000000000" in p.message or "1e+09" in p.message for p in problems)

@@ -434,3 +434,19 @@ def test_settings_the_server_does_not_honour_get_a_400_naming_them_not_a_quiet_2
     defaults = {"logprobs": False, "top_logprobs": 0, "logit_bias": {}, "presence_penalty": 0,
                 "frequency_penalty": 0.0, "response_format": {"type": "text"}, "best_of": 1}  # fmt: skip
     assert Params.from_request(defaults).max_tokens is None  # what clients send by default passes
+
+
+def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_tokenising(
+    server: ServerHandle,
+) -> None:
+    huge = "x" * 7_000_000  # 7 MB: the tokenizer held every request for ~29 s on such a prompt
+    for path, body in (
+        ("/completions", {"prompt": huge}),
+        ("/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
+    ):
+        t = time.monotonic()
+        status, out, _ = call(server, path, body)
+        assert status == 400 and out["error"]["code"] == "context_length_exceeded", out
+        assert "7000000 characters, more than that many tokens could hold" in out["error"]["message"]
+        assert time.monotonic() - t < 10
+    assert_answers(server, within=5)

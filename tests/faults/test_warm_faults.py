@@ -4,10 +4,12 @@ nothing, even when it was handed the run's lock. Checked by the locks and by the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -73,3 +75,34 @@ def test_a_second_worker_handed_the_runs_lock_trains_nothing(workdir: Path) -> N
     assert st.state == "stopped"
     done = steps(run)
     assert len(done) == len(set(done)) and done == sorted(done)  # nobody wrote a step twice
+
+
+def test_a_client_that_trickles_its_request_holds_up_no_other_start(
+    workdir: Path, warm_processes: Path
+) -> None:
+    import socket
+
+    ready = wait_ready()
+    trickler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    trickler.connect(ready["socket"])  # the same user: it passes the peer check, then sends a byte at a time
+    stop = time.monotonic() + 60
+
+    def trickle() -> None:
+        with contextlib.suppress(OSError):
+            trickler.send((1000).to_bytes(4, "big"))  # a request of 1000 bytes is coming...
+            while time.monotonic() < stop:  # ...a byte every half second
+                trickler.send(b"\x00")
+                time.sleep(0.5)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    time.sleep(0.5)  # the warm process is reading the trickler's request now
+    try:
+        run = nbtrain.finetune(lora_yaml(4), name="beside-a-trickler")
+        assert "cold start" not in run.paths.rank_log(0).read_text()  # forked warm, not waited out
+        assert run.wait(timeout=300).state == "completed", run.logs(30)
+    finally:
+        stop = 0.0
+        trickler.close()
+    logs = "".join(p.read_text() for p in warm_processes.glob("*.log"))
+    assert "did not arrive within 2 s; the connection is closed" in logs

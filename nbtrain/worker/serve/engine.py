@@ -32,6 +32,7 @@ TUNED = "tuned"
 BASE = "base"
 DEFAULT_MAX_TOKENS = 128
 FALLBACK_CONTEXT = 4096  # a model whose config names no context length
+CHARS_PER_TOKEN_AT_MOST = 64  # no tokenizer's tokens average more characters than this over a prompt
 MIN_TEMPERATURE = 1e-5  # below it sampling is greedy (dividing logits by ~0 overflows)
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
 MAX_STOP_CHARS = 256
@@ -454,6 +455,11 @@ class Engine:
                     msg[key] = m[key]
             calls = calls or has_calls or m["role"] == "tool"
             msgs.append(msg)
+        self._no_longer_than_the_context_could_hold(
+            sum(len(c) if isinstance(c, str) else sum(len(p.get("text") or "") for p in c)
+                for c in (m["content"] for m in msgs)),
+            "messages",
+        )  # fmt: skip
         template_owner = self.processor if self.processor is not None else self.tok
         if not getattr(template_owner, "chat_template", None):
             raise RequestError(
@@ -527,9 +533,24 @@ class Engine:
         template = getattr(self.tok, "chat_template", None)
         return call_style(template if isinstance(template, str) else None)
 
+    def _no_longer_than_the_context_could_hold(self, chars: int, what: str) -> None:
+        """A prompt with more characters than the context could hold as tokens (CHARS_PER_TOKEN_AT_MOST
+        each, a generous bound) is refused before the tokenizer reads it: a 7.7 MB prompt held the
+        tokenizer, and every other request, for 29 s only to be refused after."""
+        most = self.context_length * CHARS_PER_TOKEN_AT_MOST
+        if chars > most:
+            raise RequestError(
+                f"This model's maximum context length is {self.context_length} tokens; the {what} has "
+                f"{chars} characters, more than that many tokens could hold (at most {most}). Please "
+                f"shorten it.",
+                what,
+                code="context_length_exceeded",
+            )
+
     def text_prompt(self, prompt: Any, params: Params) -> Prompt:
         if not isinstance(prompt, str):
             raise RequestError("prompt must be a string or a non-empty list of strings", "prompt")
+        self._no_longer_than_the_context_could_hold(len(prompt), "prompt")
         with self.tok_lock:
             ids = self.tok(prompt, add_special_tokens=True)["input_ids"]
         return self._fit(list(ids), params, "prompt")

@@ -155,6 +155,7 @@ class DataSourceSettings(Strict):
     weight: float | None = Field(
         None,
         gt=0,
+        le=1e9,  # relative shares: bounded, so their sum stays a number (1e308 + 1e308 is infinite)
         description=(
             "The source's share when sources are mixed (relative; normalised over the list). Give every "
             "source one, or none (concatenated)."
