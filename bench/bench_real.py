@@ -18,6 +18,11 @@ and the machine's limit, so each system's model FLOP utilisation (MFU) can be re
   So both do the same useful work per step (the rows' tokens) and pay the same padding. The loop is also
   run on a fixed batch of 8 rows of exactly the mean length (``bare_peft_unpadded``): no padding at all,
   the ceiling that packing the rows would approach; reported beside, not the yardstick.
+- The answers-only job (``nbtrain_answers``, ``bare_peft_answers``): the same job with ``train:
+  assistant_only_loss: true``, the loss on the assistant's answer only (the template's system turn and the
+  question masked), and the bare loop labelling the prompt's tokens -100 as a minimal program does. Both
+  read the same tokens, so the same model FLOPs per step are counted for both (the usual MFU definition);
+  nbtrain runs its LM head only where a label is, the loop everywhere.
 
     python bench/bench_real.py [--repeats 2] [--steps 16]    # writes bench/results/real.json
 """
@@ -42,9 +47,12 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "real.json"
 
 from bench.bench_llamafactory import LLAMAFACTORY, lf_files, run_llamafactory  # noqa: E402
-from bench.peers import lora_job, rotated, run_nbtrain_as, start_warm  # noqa: E402
+from bench.peers import lora_config, lora_job, rotated, run_nbtrain_as, start_warm  # noqa: E402
 
-SYSTEMS = ("nbtrain_warm", "nbtrain", "bare_trl", "llamafactory", "bare_peft", "bare_peft_unpadded")
+SYSTEMS = (
+    "nbtrain_warm", "nbtrain", "bare_trl", "llamafactory", "bare_peft", "bare_peft_unpadded",
+    "nbtrain_answers", "bare_peft_answers",
+)  # fmt: skip
 
 MATMUL = textwrap.dedent(
     """
@@ -69,6 +77,7 @@ BARE_PEFT = textwrap.dedent(
     from transformers import AutoModelForCausalLM
     from transformers import AutoTokenizer
     resolved, length, steps = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
+    answers_only = sys.argv[6] == "answers"
     cfg, lo = resolved["config"], resolved["config"]["lora"]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
@@ -82,19 +91,25 @@ BARE_PEFT = textwrap.dedent(
     else:
         tok = AutoTokenizer.from_pretrained(cfg["model"])
         rows = [json.loads(line) for line in open(sys.argv[5]) if line.strip()]
-        rows = [tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"]
-                for r in rows]
+        def tokens(messages, **kw):
+            return tok.apply_chat_template(messages, tokenize=True, return_dict=True, **kw)["input_ids"]
+        # answers only: the prompt is what the template renders before the last (assistant) turn
+        prompts = [len(tokens(r["messages"][:-1], add_generation_prompt=True)) if answers_only else 0
+                   for r in rows]
+        rows = [tokens(r["messages"]) for r in rows]
         order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(42)).tolist()
         batches = []
         for i in range(steps):
-            batch = [rows[order[(8 * i + k) % len(rows)]] for k in range(8)]
-            width = max(map(len, batch))
+            picks = [order[(8 * i + k) % len(rows)] for k in range(8)]
+            width = max(len(rows[j]) for j in picks)
             ids = torch.full((8, width), tok.pad_token_id)
             mask = torch.zeros((8, width), dtype=torch.long)
-            for k, row in enumerate(batch):
-                ids[k, : len(row)] = torch.tensor(row)
-                mask[k, : len(row)] = 1
-            batches.append(dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)))
+            labels = torch.full((8, width), -100)
+            for k, j in enumerate(picks):
+                ids[k, : len(rows[j])] = torch.tensor(rows[j])
+                mask[k, : len(rows[j])] = 1
+                labels[k, prompts[j] : len(rows[j])] = ids[k, prompts[j] : len(rows[j])]
+            batches.append(dict(input_ids=ids, attention_mask=mask, labels=labels))
     times = []
     for batch in batches:
         loss = model(**batch).loss
@@ -117,13 +132,16 @@ def matmul_flops(secs: float = 4.0) -> float:
 
 
 def run_bare_peft(
-    resolved: Path, length: int, steps: int, targets: list[str], work: Path, rows: Path | None
+    resolved: Path, length: int, steps: int, targets: list[str], work: Path, rows: Path | None,
+    answers_only: bool = False,
 ) -> dict[str, float]:
-    """The loop on the job's rows (``rows``), or on one unpadded batch of ``length`` tokens (None)."""
+    """The loop on the job's rows (``rows``), or on one unpadded batch of ``length`` tokens (None); with
+    ``answers_only`` the prompt's tokens are labelled -100 (the model still computes their logits, as a
+    minimal loop does)."""
     script = work / "bare_peft.py"
     script.write_text(BARE_PEFT)
     argv = [sys.executable, str(script), str(resolved), str(length), str(steps), ",".join(targets),
-            "unpadded" if rows is None else str(rows)]  # fmt: skip
+            "unpadded" if rows is None else str(rows), "answers" if answers_only else "all"]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=False)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")), None)
     if line is None:
@@ -184,13 +202,17 @@ def main() -> int:
         data = write_dataset(work / "data.jsonl", n=400)
         resolved = work / "resolved.json"
         config, cfg = lora_job(model, data, args.steps, resolved)
+        # the same job with the loss on the answers only (the prompt, system turn included, masked)
+        answers = lora_config(model, data, args.steps, train_extra=", assistant_only_loss: true")
         est = json.loads(resolved.read_text())["estimate"]
         lf = lf_files(work, model, data, "smollm2", args.steps, cfg)
         mean_len = token_facts(model, data)
         samples: dict[str, list[dict[str, float]]] = {s: [] for s in SYSTEMS}
         for i in range(args.repeats):
             for system in rotated(SYSTEMS, i):
-                if system.startswith("nbtrain"):
+                if system == "nbtrain_answers":
+                    r = run_nbtrain_as(False, answers, work, f"real-{system}-{i}")
+                elif system.startswith("nbtrain"):
                     r = run_nbtrain_as(system == "nbtrain_warm", config, work, f"real-{system}-{i}")
                 elif system == "bare_trl":
                     r = run_bare(resolved, work)
@@ -198,7 +220,8 @@ def main() -> int:
                     r = run_llamafactory(lf)
                 else:
                     rows = None if system == "bare_peft_unpadded" else data
-                    r = run_bare_peft(resolved, round(mean_len), args.steps, cfg["targets"], work, rows)
+                    r = run_bare_peft(resolved, round(mean_len), args.steps, cfg["targets"], work, rows,
+                                      answers_only=system == "bare_peft_answers")  # fmt: skip
                 samples[system].append(r)
                 first = f", first step {r['first_step_s']:.1f} s" if "first_step_s" in r else ""
                 print(f"  #{i} {system}: {r['steady_steps_per_s']:.3f} steps/s{first}", flush=True)
@@ -233,6 +256,9 @@ def main() -> int:
         # each repeat's ratio (the two ran minutes apart, under the same load), then their median
         "mfu_ratio_vs_bare_peft_paired": paired(samples, "nbtrain", "bare_peft"),
         "warm_mfu_ratio_vs_bare_peft_paired": paired(samples, "nbtrain_warm", "bare_peft"),
+        # the answers-only job: the same FLOPs counted per step (the model's, for every token it reads)
+        "answers_mfu_ratio_vs_bare_peft": mfu["nbtrain_answers"] / mfu["bare_peft_answers"],
+        "answers_mfu_ratio_vs_bare_peft_paired": paired(samples, "nbtrain_answers", "bare_peft_answers"),
         "samples": samples, "loadavg_end": os.getloadavg(),
     })  # fmt: skip
     RESULTS.write_text(json.dumps(res, indent=1) + "\n")
@@ -252,6 +278,8 @@ def main() -> int:
           f"{res['mfu_ratio_vs_bare_peft_unpadded']:.2f}x); repeat by repeat "
           f"{res['mfu_ratio_vs_bare_peft_paired']:.2f}x "
           f"(warm {res['warm_mfu_ratio_vs_bare_peft_paired']:.2f}x)")  # fmt: skip
+    print(f"answers-only job: MFU / bare peft loop {res['answers_mfu_ratio_vs_bare_peft']:.2f}x, repeat by "
+          f"repeat {res['answers_mfu_ratio_vs_bare_peft_paired']:.2f}x")
     return 0
 
 

@@ -277,8 +277,9 @@ CHAT_PROMPTS = [
 ]
 
 
-def lora_config(model: Path, data: Path, steps: int, extra: str = "") -> str:
-    """The benchmarks' LoRA job: batch 8, lr 1e-3, no checkpoints, a loss logged at every step."""
+def lora_config(model: Path, data: Path, steps: int, extra: str = "", train_extra: str = "") -> str:
+    """The benchmarks' LoRA job: batch 8, lr 1e-3, no checkpoints, a loss logged at every step;
+    ``train_extra`` adds keys to its train section (", key: value")."""
     return (
         textwrap.dedent(
             f"""
@@ -286,7 +287,7 @@ def lora_config(model: Path, data: Path, steps: int, extra: str = "") -> str:
         method: lora
         data: {{train: {data}}}
         train: {{max_steps: {steps}, per_device_train_batch_size: 8, learning_rate: 1.0e-3,
-                 save_strategy: "no", logging_steps: 1}}
+                 save_strategy: "no", logging_steps: 1{train_extra}}}
         """
         )
         + extra
