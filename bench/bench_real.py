@@ -132,7 +132,12 @@ def matmul_flops(secs: float = 4.0) -> float:
 
 
 def run_bare_peft(
-    resolved: Path, length: int, steps: int, targets: list[str], work: Path, rows: Path | None,
+    resolved: Path,
+    length: int,
+    steps: int,
+    targets: list[str],
+    work: Path,
+    rows: Path | None,
     answers_only: bool = False,
 ) -> dict[str, float]:
     """The loop on the job's rows (``rows``), or on one unpadded batch of ``length`` tokens (None); with
@@ -278,8 +283,10 @@ def main() -> int:
           f"{res['mfu_ratio_vs_bare_peft_unpadded']:.2f}x); repeat by repeat "
           f"{res['mfu_ratio_vs_bare_peft_paired']:.2f}x "
           f"(warm {res['warm_mfu_ratio_vs_bare_peft_paired']:.2f}x)")  # fmt: skip
-    print(f"answers-only job: MFU / bare peft loop {res['answers_mfu_ratio_vs_bare_peft']:.2f}x, repeat by "
-          f"repeat {res['answers_mfu_ratio_vs_bare_peft_paired']:.2f}x")
+    print(
+        f"answers-only job: MFU / bare peft loop {res['answers_mfu_ratio_vs_bare_peft']:.2f}x, repeat by "
+        f"repeat {res['answers_mfu_ratio_vs_bare_peft_paired']:.2f}x"
+    )
     return 0
 
 
