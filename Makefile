@@ -37,13 +37,13 @@ typecheck: install
 pytest: install labext chromium slurm
 	NBTRAIN_REQUIRE_BROWSER=1 NBTRAIN_REQUIRE_LLAMACPP=1 NBTRAIN_REQUIRE_SLURM=1 $(PY) -m pytest -q -ra --durations=25
 
-# llama.cpp for GGUF export (nbtrain.control.llamacpp): pip builds llama-cpp-python from its sdist once per
+# llama.cpp for GGUF export (nbtrain.control.jobs.llamacpp): pip builds llama-cpp-python from its sdist once per
 # machine (~4.5 min on 2 cores; then seconds) and its converter is kept in nbtrain's cache. `make test`
 # starts it in the background first, at the lowest CPU priority (the timed browser tests run meanwhile);
 # the GGUF tests wait for it (its log: the cache's llama.cpp/setup.log).
 llamacpp: install
 	@echo "llama.cpp setup started in the background (GGUF export; the tests that need it wait for it)"
-	@setsid nohup nice -n 19 $(PY) -m nbtrain.control.llamacpp setup > $(VENV)/llamacpp-setup.out 2>&1 &
+	@setsid nohup nice -n 19 $(PY) -m nbtrain.control.jobs.llamacpp setup > $(VENV)/llamacpp-setup.out 2>&1 &
 
 # chromium and SLURM first: on a machine where they cannot be installed, stop before minutes of setup.
 test: chromium slurm llamacpp lint typecheck pytest

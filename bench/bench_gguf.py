@@ -78,7 +78,7 @@ def main() -> int:
     import openai
 
     import nbtrain
-    from nbtrain.control import llamacpp
+    from nbtrain.control.jobs import llamacpp
     from nbtrain.examples import write_dataset
 
     why = llamacpp.missing()

@@ -239,7 +239,7 @@ def main() -> int:
                 "samples": samples,
                 "llamafactory_config": (lf / "cfg.yaml").read_text(),
             }  # fmt: skip
-        from nbtrain.control import warm
+        from nbtrain.control.launch import warm
 
         warm.stop()
     res["loadavg_end"] = os.getloadavg()

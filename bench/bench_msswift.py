@@ -191,7 +191,7 @@ def main() -> int:
                           f"{r['steady_steps_per_s']:.1f} steps/s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB, "
                           f"final loss {r['final_loss']:.3f}", flush=True)  # fmt: skip
         finally:
-            from nbtrain.control import warm
+            from nbtrain.control.launch import warm
 
             warm.stop()
         res["msswift_command"] = " ".join(argv).replace(str(work), "$WORK").replace(str(ROOT) + "/", "")

@@ -80,13 +80,13 @@ def watch(proc: psutil.Process, done: Any) -> int:
 
 def run_nbtrain(config: str, workdir: Path, name: str, skip: int = 2) -> dict[str, float]:
     import nbtrain
-    from nbtrain.control import process as launch
+    from nbtrain.control.launch import process
 
     t0 = time.time()
     run = nbtrain.finetune(config, name=name)
-    info = launch.read_launch(run.paths)
+    info = process.read_launch(run.paths)
     assert info is not None
-    peak = watch(psutil.Process(info["pid"]), lambda: not launch.group_alive(info))
+    peak = watch(psutil.Process(info["pid"]), lambda: not process.group_alive(info))
     st = run.wait(timeout=1800)
     m = run.metrics()
     m = m[m["loss"].notna()]  # one row per step (logging_steps 1), written as the step ends

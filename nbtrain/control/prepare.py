@@ -24,7 +24,6 @@ from nbtrain.contract import __version__, hooks, rewards
 from nbtrain.contract.errors import ConfigError, NbtrainError, Problem, RunNotFound
 from nbtrain.contract.notebook import notebook_namespace
 from nbtrain.contract.objectives import rewards_objectives
-from nbtrain.control import hub
 from nbtrain.control.config import trainargs
 from nbtrain.control.config.load import load_config
 from nbtrain.control.config.preset import Preset, find_preset
@@ -37,6 +36,7 @@ from nbtrain.control.memory import (
     is_vision_language,
     tokens_per_image,
 )
+from nbtrain.control.models import hub
 from nbtrain.control.plan.accelerators import accelerator_problems
 from nbtrain.control.plan.distributed import deepspeed_config
 from nbtrain.control.plan.estimates import compare_table, request_for
@@ -253,7 +253,7 @@ def cpu_processes_problems(res: Resolved, plan: Plan, hw: Hardware) -> Items:
 def gguf_source(res: Resolved, precision: str) -> dict[str, Any] | None:
     """A GGUF model's file, content hash and the folder the worker converts it into (in the float type the
     plan trains in, or the file's own). The hash is read once per file version; nothing is dequantised."""
-    from nbtrain.control import gguf
+    from nbtrain.control.models import gguf
 
     cfg = res.config
     if res.model_kind == "hub" and cfg.gguf_file is not None:

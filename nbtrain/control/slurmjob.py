@@ -1,6 +1,6 @@
 """Inside a SLURM job that trains a run: what its sbatch script asks, beside and after the training
 (``python -m nbtrain.control.slurmjob VERB RUN_DIR ...``; the script is written by
-nbtrain.control.plan.distributed). The kernel's side of a SLURM run is nbtrain.control.slurm."""
+nbtrain.control.plan.distributed). The kernel's side of a SLURM run is nbtrain.control.launch.slurm."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from nbtrain.contract.rundir import ACTIVE_STATES, RunPaths, read_json, write_status
-from nbtrain.control.slurm import SlurmUnavailable, query, seconds_left
+from nbtrain.control.launch.slurm import SlurmUnavailable, query, seconds_left
 
 
 def watch(paths: RunPaths, job_id: str, before: float) -> int:

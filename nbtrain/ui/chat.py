@@ -32,8 +32,8 @@ import anywidget
 import ipywidgets as widgets
 import traitlets
 
+from nbtrain.control.jobs.serve import ServeError, ServerGone, ServerHandle, find_server, serve
 from nbtrain.control.runs.run import Run, get_run
-from nbtrain.control.serve import ServeError, ServerGone, ServerHandle, find_server, serve
 from nbtrain.ui.chat_tools import Call, Tools, run_call
 
 KINDS = ("tuned", "base")
@@ -290,7 +290,7 @@ class ChatWidget:
         when comparing; the replies stream into the transcript. ``images`` (a vision-language model's
         chat; paths, PIL images or data: URIs; default: the picture attached in the box) go with it.
         Nothing is sent while a reply is coming or when there is no server (False)."""
-        from nbtrain.control.serve import data_uri
+        from nbtrain.control.jobs.serve import data_uri
 
         pictures = [data_uri(i) for i in images] if images is not None else None
         if pictures is None:

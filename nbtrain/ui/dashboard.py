@@ -49,7 +49,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from nbtrain.contract.errors import RunNotFound
-from nbtrain.control.grading import CellOutput
+from nbtrain.control.jobs.grading import CellOutput
 from nbtrain.control.runs.follow import FollowStopped
 from nbtrain.control.runs.follow import follow as follow_run
 from nbtrain.control.runs.metrics import DEFAULT_CAP, MetricsTail

@@ -67,7 +67,7 @@ def report(run: Any) -> tuple[list[str], bool]:
     """What the demo prints about the notebook's run (loss, the held-out accuracy the notebook measured,
     a few answers, where the adapter is) and whether it learned: completed, loss down, accuracy up."""
     from nbtrain.contract.errors import NbtrainError
-    from nbtrain.control.evaluate import latest_accuracy
+    from nbtrain.control.jobs.evaluate import latest_accuracy
 
     loss = run.metrics()["loss"].dropna()
     lines = [f"loss: first {loss.iloc[0]:.4f} -> final {loss.iloc[-1]:.4f}"]

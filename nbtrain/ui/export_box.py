@@ -4,7 +4,8 @@
     ExportBox(run).show()
 
 The config panel shows one under a run it launched once that run has trained weights, and under a run it
-loaded. The box is a face on ``nbtrain.control.export.export`` (the cell, the CLI and the API call the same
+loaded. The box is a face on ``nbtrain.control.jobs.export.export`` (the cell, the CLI and the API call the
+same
 function): what that refuses before starting anything (a non-empty folder, llama.cpp not set up, a family
 its converter does not take) shows here in words, nothing written. The export itself runs on a thread of
 its own, as a job process (nothing here imports torch or llama_cpp), its progress lines in the status line
@@ -23,7 +24,7 @@ import ipywidgets as widgets
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.gguf import GGUF_LORA_TYPES
-from nbtrain.control.export import ExportResult, export, run_method
+from nbtrain.control.jobs.export import ExportResult, export, run_method
 from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 
 FORMATS: Final = (("safetensors (transformers)", "hf"), ("GGUF (llama.cpp, Ollama)", "gguf"))

@@ -129,7 +129,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def _start_warm() -> None:
     try:
-        from nbtrain.control import warm
+        from nbtrain.control.launch import warm
 
         warm.start()
     except Exception:  # noqa: BLE001 - the first run starts cold then, and says why in its log
@@ -138,6 +138,6 @@ def _start_warm() -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     close_views()
-    from nbtrain.control.grading import close_records
+    from nbtrain.control.jobs.grading import close_records
 
     close_records()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtrain.control.preview import preview_data
+from nbtrain.control.jobs.preview import preview_data
 from nbtrain.control.runs.run import Run
 
 PRE = "white-space:pre-wrap;margin:0;font-family:monospace;font-size:12px"
@@ -263,6 +263,7 @@ def preview(
     timeout: float = 600.0,
 ) -> DataPreview:
     """The first ``n`` training examples as the trainer tokenises them (trained tokens marked) and
-    token-length statistics over the first ``stats_rows`` rows; see nbtrain.control.preview.preview_data."""
+    token-length statistics over the first ``stats_rows`` rows; see
+    nbtrain.control.jobs.preview.preview_data."""
     data, source = preview_data(config, n, stats_rows=stats_rows, timeout=timeout)
     return DataPreview(data, source)

@@ -13,15 +13,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nbtrain.contract.errors import RunFailed
 from nbtrain.control import start as _start
 from nbtrain.control.runs import run as _core
 
 if TYPE_CHECKING:
-    from nbtrain.control.evaluate import EvalReport
-    from nbtrain.control.export import ExportResult
-    from nbtrain.control.serve import ServerHandle
+    from nbtrain.control.jobs.evaluate import EvalReport
+    from nbtrain.control.jobs.export import ExportResult
+    from nbtrain.control.jobs.serve import ServerHandle
+    from nbtrain.control.launch.tracking import TensorBoardLaunched
     from nbtrain.control.start import Prepared
-    from nbtrain.control.tracking import TensorBoardLaunched
     from nbtrain.ui.chat import ChatWidget
 
 RunStatus = _core.RunStatus
@@ -29,6 +30,17 @@ RunStatus = _core.RunStatus
 
 class Run(_core.Run):
     """A handle on one run directory, with everything a notebook does with a run."""
+
+    def wait(self, timeout: float | None = None, *, poll: float = 0.5, check: bool = True) -> RunStatus:
+        """Block until the run ends (see the control Run's wait); the run records this kernel shows of it
+        (nbtrain.record) are brought to the final state before it returns."""
+        from nbtrain.control.jobs.grading import finalize_records
+
+        st = super().wait(timeout, poll=poll, check=False)
+        finalize_records(self)
+        if check and st.state == "failed":
+            raise RunFailed(self.failure_report(st))
+        return st
 
     def resume(self) -> Run:
         """Continue this stopped or failed run from its last complete checkpoint (see nbtrain.resume)."""
@@ -43,21 +55,22 @@ class Run(_core.Run):
     # ------------------------------------------------------------------- trying the model (serve)
     def serve(self, *, port: int = 0, base_only: bool = False, **kwargs: Any) -> ServerHandle:
         """Start (or reuse) this run's OpenAI-compatible server on 127.0.0.1; ``.url``, ``.stop()``."""
-        from nbtrain.control.serve import serve
+        from nbtrain.control.jobs.serve import serve
 
         return serve(self, port=port, base_only=base_only, **kwargs)
 
     def stop_serving(self) -> list[str]:
         """Stop this run's server (its process group)."""
-        from nbtrain.control.serve import stop_serving
+        from nbtrain.control.jobs.serve import stop_serving
 
         return stop_serving(self)
 
     def generate(self, prompts: str | list[Any], **kwargs: Any) -> list[str]:
         """Replies of the tuned model (``base=True``: the base) to ``prompts``, greedy by default; see
-        ``nbtrain.control.serve.generate`` for max_new_tokens, temperature, top_p, seed, stop, chat and (a
+        ``nbtrain.control.jobs.serve.generate`` for max_new_tokens, temperature, top_p, seed, stop, chat and
+        (a
         vision-language run) images."""
-        from nbtrain.control.serve import generate
+        from nbtrain.control.jobs.serve import generate
 
         return generate(self, prompts, **kwargs)
 
@@ -70,7 +83,7 @@ class Run(_core.Run):
     # ------------------------------------------------------------------ evaluate, export, track
     def evaluate(self, *, compare_base: bool = False, **kwargs: Any) -> EvalReport:
         """Held-out loss and perplexity (and lm-eval ``tasks=``) of this run's model; see nbtrain.evaluate."""
-        from nbtrain.control.evaluate import evaluate
+        from nbtrain.control.jobs.evaluate import evaluate
 
         return evaluate(self, compare_base=compare_base, **kwargs)
 
@@ -78,13 +91,13 @@ class Run(_core.Run):
         self, to: str | Path, *, merge: bool = True, dtype: str = "auto", **kwargs: Any
     ) -> ExportResult:
         """Write this run's model to ``to`` (merged into the base by default); see nbtrain.export."""
-        from nbtrain.control.export import export
+        from nbtrain.control.jobs.export import export
 
         return export(self, to=to, merge=merge, dtype=dtype, **kwargs)
 
     def tensorboard(self) -> TensorBoardLaunched:
         """Start (or find) TensorBoard on this run's event files (``train: report_to: [tensorboard]``)."""
-        from nbtrain.control.tracking import tensorboard
+        from nbtrain.control.launch.tracking import tensorboard
 
         return tensorboard(self.dir)
 

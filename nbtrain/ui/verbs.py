@@ -29,10 +29,9 @@ from nbtrain.ui.lazy import lazy_module
 from nbtrain.ui.verb import Arg, Args, Verb, VerbUsageError, arg
 
 if TYPE_CHECKING:
-    from nbtrain.control import grading
-    from nbtrain.control import prepare as planning
-    from nbtrain.control import start as api
+    from nbtrain.control import prepare, start
     from nbtrain.control.config import reference
+    from nbtrain.control.jobs import grading
     from nbtrain.control.runs import follow as following
     from nbtrain.control.runs import metrics as metrics_tail
     from nbtrain.control.runs import run as run_core
@@ -43,9 +42,9 @@ if TYPE_CHECKING:
 else:
     # Imported on first use, not by `%load_ext nbtrain` (< 0.3 s): the config schema, presets and
     # planner (pydantic, YAML) and the metrics reader (numpy) are most of the verb table's import time.
-    planning = lazy_module("nbtrain.control.prepare")
-    api = lazy_module("nbtrain.control.start")
-    grading = lazy_module("nbtrain.control.grading")
+    prepare = lazy_module("nbtrain.control.prepare")
+    start = lazy_module("nbtrain.control.start")
+    grading = lazy_module("nbtrain.control.jobs.grading")
     metrics_tail = lazy_module("nbtrain.control.runs.metrics")
     following = lazy_module("nbtrain.control.runs.follow")
     run_core = lazy_module("nbtrain.control.runs.run")
@@ -183,9 +182,9 @@ def _call_run(a: Args) -> Any:
     if a.estimate:
         return estimate(a.config)
     if a.probe:
-        return api.probe(a.config, name=a.name)
-    prep = planning.prepare(a.config, name=a.name)
-    return prep if a.dry_run else run_api.handle(api.start(prep))
+        return start.probe(a.config, name=a.name)
+    prep = prepare.prepare(a.config, name=a.name)
+    return prep if a.dry_run else run_api.handle(start.start(prep))
 
 
 def _show_estimate(report: Any) -> None:
@@ -200,9 +199,9 @@ def _show_estimate(report: Any) -> None:
 def _run_in_notebook(result: Any, a: Args) -> Any:
     if _is_estimate(result):
         return _show_estimate(result)
-    if isinstance(result, api.ProbeReport):
+    if isinstance(result, start.ProbeReport):
         return result
-    if isinstance(result, planning.Prepared):
+    if isinstance(result, prepare.Prepared):
         _show_dry_run(result)
         return result  # the plan as the cell's result, below its memory chart
     run: Run = result
@@ -218,7 +217,7 @@ def _run_in_notebook(result: Any, a: Args) -> Any:
     return run
 
 
-def _show_dry_run(prep: planning.Prepared) -> None:
+def _show_dry_run(prep: prepare.Prepared) -> None:
     from nbtrain.ui.estimate_chart import prepared_figure
 
     fig = prepared_figure(prep)  # the stacked memory bar of the plan's estimate, if it has one
@@ -229,10 +228,10 @@ def _show_dry_run(prep: planning.Prepared) -> None:
 
 
 def _run_in_terminal(result: Any, a: Args) -> int:
-    if _is_estimate(result) or isinstance(result, api.ProbeReport):
+    if _is_estimate(result) or isinstance(result, start.ProbeReport):
         print(result.text())
         return 0
-    if isinstance(result, planning.Prepared):
+    if isinstance(result, prepare.Prepared):
         print(result.summary())
         return 0
     run: Run = result
@@ -327,7 +326,7 @@ def _preview(a: Args) -> Any:
 
 
 def _serve(a: Args) -> Any:
-    from nbtrain.control.serve import serve, stop_serving
+    from nbtrain.control.jobs.serve import serve, stop_serving
 
     if a.stop:
         return stop_serving(a.run)  # the lines of the servers stopped
@@ -409,7 +408,7 @@ def _chat(a: Args) -> Any:
 
 
 def _eval(a: Args) -> Any:
-    from nbtrain.control.evaluate import evaluate
+    from nbtrain.control.jobs.evaluate import evaluate
 
     return evaluate(a.run, compare_base=a.compare_base, file=a.file, tasks=a.tasks, limit=a.limit,
                     batch_size=a.batch_size)  # fmt: skip
@@ -430,7 +429,7 @@ def _eval_in_terminal(report: Any, a: Args) -> int:
 
 
 def _export(a: Args) -> Any:
-    from nbtrain.control.export import export
+    from nbtrain.control.jobs.export import export
 
     if a.to is None:  # the notebook shows the export box; a terminal needs --to
         return None
@@ -440,7 +439,7 @@ def _export(a: Args) -> Any:
 
 
 def _gguf_setup(a: Args) -> str:
-    from nbtrain.control import llamacpp
+    from nbtrain.control.jobs import llamacpp
 
     if llamacpp.missing() is None:
         return f"llama.cpp is ready (converter in {llamacpp.tools_dir()})"
@@ -468,7 +467,7 @@ def _print_repr(result: Any, a: Args) -> int:
 
 def _warm(a: Args) -> str:
     from nbtrain.contract.warm import ENV_OFF, enabled
-    from nbtrain.control import warm
+    from nbtrain.control.launch import warm
 
     if a.action == "start":
         return "warm process starting" if warm.start() else "a warm process answers already (or is starting)"
@@ -485,7 +484,7 @@ def _warm(a: Args) -> str:
 
 
 def _tensorboard(a: Args) -> Any:
-    from nbtrain.control.tracking import stop_tensorboard, tensorboard
+    from nbtrain.control.launch.tracking import stop_tensorboard, tensorboard
 
     run = run_core.get_run(a.run)
     if a.stop:
@@ -526,7 +525,7 @@ TABLE: tuple[Verb, ...] = (
         "list",
         "List runs (a DataFrame in a notebook, a table in a terminal).",
         (),
-        lambda a: ui_text.runs_table(api.runs()),
+        lambda a: ui_text.runs_table(start.runs()),
         _returned,
         _list_in_terminal,
         aliases=("ls",),
@@ -578,7 +577,7 @@ TABLE: tuple[Verb, ...] = (
                 help="do not show the live view (terminal: no progress lines while --wait follows)",
             ),
         ),
-        lambda a: run_api.handle(api.resume(a.run)),
+        lambda a: run_api.handle(start.resume(a.run)),
         _resume_in_notebook,
         _resume_in_terminal,
     ),
@@ -666,7 +665,7 @@ TABLE: tuple[Verb, ...] = (
             arg("--steps", type=int, default=5, help="steps to run (default 5)"),
             arg("--name", default=None, help="run name (the probe run is named NAME-probe)"),
         ),
-        lambda a: api.probe(a.config, name=a.name, steps=a.steps),
+        lambda a: start.probe(a.config, name=a.name, steps=a.steps),
         _returned,
         _print_text,
     ),
@@ -811,7 +810,7 @@ TABLE: tuple[Verb, ...] = (
         "tiny-model",
         "Build the tiny local test model (a few MB, seconds) in DIR.",
         (arg("dir", help="where to write it"),),
-        lambda a: api.make_tiny_model(a.dir),
+        lambda a: start.make_tiny_model(a.dir),
         _print_in_notebook,
         _print,
     ),
@@ -822,7 +821,7 @@ TABLE: tuple[Verb, ...] = (
             arg("file", help="the .jsonl file to write"),
             arg("--format", default="messages", choices=["messages", "alpaca", "sharegpt", "text"]),
         ),
-        lambda a: api.example_data(a.file, a.format),
+        lambda a: start.example_data(a.file, a.format),
         _print_in_notebook,
         _print,
     ),

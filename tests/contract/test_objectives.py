@@ -229,9 +229,9 @@ def test_notebook_reward_and_builtins_are_captured_and_load_back(prefdir: Path) 
 
 def test_start_writes_rewards_next_to_the_run(prefdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """start() puts the captured rewards in the run dir before the worker starts (launch stubbed)."""
-    from nbtrain.control import start as api
+    from nbtrain.control import start
 
-    monkeypatch.setattr(api, "_launch", lambda prep, run, lock: run)
+    monkeypatch.setattr(start, "_launch", lambda prep, run, lock: run)
     text = yaml_for("grpo", "data/prompt.jsonl", train=GRPO_TRAIN, extra="rewards: [length_reward]\n")
     run = nbtrain.start(nbtrain.prepare(text, namespace={}))
     assert rewards.load(run.dir / "rewards.pkl") == [rewards.length_reward]

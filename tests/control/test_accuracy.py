@@ -71,7 +71,7 @@ def test_prompts_and_answers_that_do_not_pair_up_are_refused_before_anything_run
 
 
 def test_contains_counts_an_answer_holding_the_expected_text_case_aside(tmp_path: Path) -> None:
-    from nbtrain.control.evaluate import AccuracyReport
+    from nbtrain.control.jobs.evaluate import AccuracyReport
 
     data = {"prompts": ["Who are you?", "Who made you?", "Name?"], "expected": ["Nimbus", "Acme", "Nimbus"],
             "before": ["I am SmolLM.", "Hugging Face made me.", "nimbus"],

@@ -30,7 +30,7 @@ def test_the_config_loader_imports_neither_the_preset_the_planner_nor_runs_or_tr
         "import sys, json, nbtrain.control.config.load\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('nbtrain.control.config.preset', "
         "'nbtrain.control.plan', 'nbtrain.control.memory', 'nbtrain.control.prepare', "
-        "'nbtrain.control.tracking', 'nbtrain.control.runs', 'nbtrain.control.process')))))\n"
+        "'nbtrain.control.launch.tracking', 'nbtrain.control.runs', 'nbtrain.control.launch.process')))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 import nbtrain
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import COMPLETE_MARKER, read_jsonl
-from nbtrain.control import process as launch
+from nbtrain.control.launch import process
 from nbtrain.control.runs.run import last_checkpoint
 from tests.conftest import lora_yaml
 
@@ -111,7 +111,7 @@ def test_stop_then_resume_ends_like_an_uninterrupted_run(
     from nbtrain.ui.figures import progress, run_plot
 
     first_t = next(r["t"] for r in read_jsonl(resumed.paths.metrics) if "t" in r)
-    relaunched = float(launch.read_launch(resumed.paths)["start_time"])  # type: ignore[index]
+    relaunched = float(process.read_launch(resumed.paths)["start_time"])  # type: ignore[index]
     tail = MetricsTail(resumed)
     tail.poll()
     elapsed = progress(tail, final).elapsed
@@ -128,11 +128,11 @@ def test_resume_needs_a_stopped_run_with_a_checkpoint(workdir: Path) -> None:
 
 
 def kill_group(run: nbtrain.Run) -> None:
-    info = launch.read_launch(run.paths)
+    info = process.read_launch(run.paths)
     assert info is not None
     os.killpg(int(info["pgid"]), signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while launch.group_alive(info):
+    while process.group_alive(info):
         assert time.monotonic() < deadline
         time.sleep(0.05)
 

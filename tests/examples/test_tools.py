@@ -12,7 +12,7 @@ import openai
 import pytest
 
 import nbtrain
-from nbtrain.control.serve import ServerHandle
+from nbtrain.control.jobs.serve import ServerHandle
 from nbtrain.examples.tools import TOOLS, call_accuracy, held_out, parse_call, tool_model, tool_rows
 from tests.conftest import runs_in
 

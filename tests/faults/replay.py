@@ -24,7 +24,7 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("one writer per run dir", "tests/faults/test_run_faults.py",
      ("test_one_writer_per_run_dir_concurrent_resumes_start_one_worker",
       "test_a_worker_started_by_hand_on_a_locked_run_dir_refuses_to_write")),
-    ("stop never signals a reused pid", "tests/control/test_process.py",
+    ("stop never signals a reused pid", "tests/control/launch/test_process.py",
      ("test_a_stop_never_signals_a_group_whose_leader_pid_was_reused",)),
     ("a run dir deleted while it trains", "tests/control/runs/test_run_state.py",
      ("test_a_deleted_run_dir_reads_as_lost_and_stop_does_not_recreate_it",)),

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from nbtrain.control.serve import ServerHandle, serve
+from nbtrain.control.jobs.serve import ServerHandle, serve
 
 pytestmark = pytest.mark.slow  # the shared tuned run is a real training process
 

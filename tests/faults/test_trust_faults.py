@@ -38,9 +38,9 @@ def as_nobody(code: str) -> None:
 
 def started(config: str, monkeypatch: pytest.MonkeyPatch, name: str) -> nbtrain.Run:
     """A registered run directory made by start() whose process is never launched."""
-    from nbtrain.control import start as api
+    from nbtrain.control import start
 
-    monkeypatch.setattr(api, "_launch", lambda prep, run, lock: run)
+    monkeypatch.setattr(start, "_launch", lambda prep, run, lock: run)
     return nbtrain.start(nbtrain.prepare(config, name=name, namespace={}))
 
 
@@ -152,7 +152,7 @@ def test_a_notebook_launcher_record_of_another_user_signals_none_of_my_pids(
 
 def test_exit_files_nobody_will_read_are_removed_at_the_next_start(workdir: Path) -> None:
     from nbtrain.contract import warm as proto
-    from nbtrain.control import warmclient
+    from nbtrain.control.launch import warmclient
 
     exits = proto.warm_dir(os.environ) / "exit"
     exits.mkdir(parents=True, exist_ok=True)
@@ -186,7 +186,7 @@ def test_a_warm_folder_another_user_made_first_gets_no_request_and_no_secret(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from nbtrain.contract import warm as proto
-    from nbtrain.control import warmclient
+    from nbtrain.control.launch import warmclient
 
     folder = Path(tempfile.mkdtemp(prefix="nbtrain-their-warm-"))
     got = folder / "what-i-received"

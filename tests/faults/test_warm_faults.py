@@ -18,7 +18,7 @@ import pytest
 import nbtrain
 from nbtrain.contract.rundir import RUN_LOCK_ENV, read_jsonl
 from tests.conftest import lora_yaml
-from tests.control.test_warm import wait_ready
+from tests.control.launch.test_warm import wait_ready
 
 
 def steps(run: nbtrain.Run) -> list[int]:
@@ -36,7 +36,7 @@ def wait_for_step(run: nbtrain.Run, step: int, timeout: float = 180) -> None:
 def test_a_warm_process_stopped_past_the_clients_patience_forks_nothing_for_it_later(
     workdir: Path, monkeypatch: pytest.MonkeyPatch, warm_processes: Path
 ) -> None:
-    from nbtrain.control import warmclient
+    from nbtrain.control.launch import warmclient
 
     ready = wait_ready()
     monkeypatch.setattr(warmclient, "REPLY_TIMEOUT", 2.0)

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from psutil import _pslinux
 
-from nbtrain.control import process
+from nbtrain.control.launch import process
 from nbtrain.hardware.clock import same_start, start_record, started_before
 
 

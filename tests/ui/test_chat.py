@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from nbtrain.control.serve import ServerHandle, find_server, serve
+from nbtrain.control.jobs.serve import ServerHandle, find_server, serve
 from nbtrain.ui.chat import ChatWidget
 from nbtrain.ui.run import get_run  # the notebook handle: chat is a verb above the control Run
 

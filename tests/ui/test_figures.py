@@ -389,7 +389,7 @@ def test_figure_of_a_long_run_stays_small(tmp_path: Path) -> None:
 
 
 def test_every_nbtrain_figure_uses_the_one_theme(files: RunFiles) -> None:
-    from nbtrain.control.evaluate import EvalReport
+    from nbtrain.control.jobs.evaluate import EvalReport
     from nbtrain.control.memory import estimate
     from nbtrain.ui.estimate_chart import estimate_figure
     from nbtrain.ui.figures import themed

@@ -9,7 +9,7 @@ import pytest
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 import nbtrain
-from nbtrain.control import process as launch
+from nbtrain.control.launch import process
 from tests.conftest import lora_yaml
 from tests.notebook import error_of, execute, text_of
 
@@ -178,10 +178,10 @@ def test_stop_verb_ends_the_process_group(workdir: Path) -> None:
     assert "stopped" in text_of(nb.cells[3])
     run = nbtrain.get_run("tostop")
     assert run.status().state == "stopped"
-    info = launch.read_launch(run.paths)
+    info = process.read_launch(run.paths)
     assert info is not None
     time.sleep(0.5)
-    assert launch.group_members(int(info["pgid"])) == []
+    assert process.group_members(int(info["pgid"])) == []
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from nbtrain.contract.rundir import RunPaths
-from nbtrain.control import process as launch
+from nbtrain.control.launch import process
 
 CHATTY = """
 import sys, time
@@ -33,11 +33,11 @@ def test_a_process_printing_100_mib_never_blocks_and_its_log_stays_capped(tmp_pa
     script.write_text(CHATTY)
     log = paths.rank_log(0)
     t0 = time.monotonic()
-    result = launch.spawn(paths, [(log.name, [sys.executable, str(script), str(log)])], {})
-    assert isinstance(result, launch.Launched)
-    info = launch.read_launch(paths)
+    result = process.spawn(paths, [(log.name, [sys.executable, str(script), str(log)])], {})
+    assert isinstance(result, process.Launched)
+    info = process.read_launch(paths)
     assert info is not None
-    assert launch.wait_group_gone(info, timeout=120), "the chatty process blocked"
+    assert process.wait_group_gone(info, timeout=120), "the chatty process blocked"
     elapsed = time.monotonic() - t0
     assert "done, rotations" in log.read_text()
     rotations = int(log.read_text().split("rotations")[-1])

@@ -1,5 +1,6 @@
 """Which files of a Hub revision the worker fetches before loading, and how a starting run's phase reads.
-The download itself (bytes growing in status.json) runs against the local Hub in tests/control/test_hub.py."""
+The download itself (bytes growing in status.json) runs against the local Hub in
+tests/control/models/test_hub.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """GGUF export (nbtrain.worker.jobs.export_gguf) of a real run of the tiny-adder, checked by running each
-file in llama.cpp (llama-cpp-python, built once per machine: nbtrain.control.llamacpp; `make test` starts
+file in llama.cpp (llama-cpp-python, built once per machine: nbtrain.control.jobs.llamacpp; `make test` starts
 its setup before the suite)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ QUANTS = ["f16", "q8_0", "q4_k_m"]
 def llama_cpp_ready() -> None:
     """llama.cpp set up on this machine: waits for `make test`'s background setup; with
     NBTRAIN_REQUIRE_LLAMACPP=1 (make) a missing setup fails the test, else it skips saying why."""
-    from nbtrain.control import llamacpp
+    from nbtrain.control.jobs import llamacpp
 
     why = llamacpp.wait(timeout=1200)
     if why is None:

@@ -160,7 +160,7 @@ def test_evaluation_and_the_preview_read_the_rows_through_preprocess(
     """The q/a rows are data only after hooks: preprocess: the evaluation job measures the 8 rows training
     held out (the trainer's last eval loss), and the preview tokenises conversations."""
     from nbtrain.contract.rundir import read_jsonl
-    from nbtrain.control.preview import preview_data
+    from nbtrain.control.jobs.preview import preview_data
 
     work, run = hooked
     with runs_in(work):

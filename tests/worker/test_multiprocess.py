@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 import nbtrain
 from nbtrain.contract.rundir import read_jsonl
-from nbtrain.control import process as launch
+from nbtrain.control.launch import process
 from tests.conftest import lora_yaml
 from tests.notebook import text_of
 from tests.worker.conftest import STEPS
@@ -75,7 +75,7 @@ def test_every_strategy_completes_from_a_cell_with_ranks_in_agreement(two_rank_r
     assert ds["zero_optimization"]["stage"] == 3 and ds["train_batch_size"] == 4 * 2
     assert (runs["zero2-accelerate"].dir / "accelerate.yaml").exists()
     # Distinct rendezvous ports for runs started together.
-    ports = [launch.read_launch(r.paths)["port"] for r in runs.values()]  # type: ignore[index]
+    ports = [process.read_launch(r.paths)["port"] for r in runs.values()]  # type: ignore[index]
     assert len(set(ports)) == len(ports)
     # DeepSpeed's CPU all-reduce buffers (67 MB of RAM per rank in /dev/shm) do not outlive the runs.
     left = [
@@ -104,8 +104,8 @@ def test_stopping_a_two_rank_run_stops_every_rank_after_the_same_step(workdir: P
         time.sleep(0.3)
     st = run.stop(timeout=120)
     assert st.state == "stopped"
-    info = launch.read_launch(run.paths)
-    assert info is not None and not launch.group_alive(info)
+    info = process.read_launch(run.paths)
+    assert info is not None and not process.group_alive(info)
     ckpt = list(run.paths.checkpoints.glob("checkpoint-*"))
     assert len(ckpt) == 1 and int(ckpt[0].name.split("-")[1]) == st.step
     for r in (0, 1):

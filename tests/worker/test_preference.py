@@ -63,6 +63,11 @@ def test_dpo_with_lora_logs_reward_margins_and_saves_the_adapter(workdir: Path) 
     out = run.output_dir
     assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 8
+    # The scoring job (one-off job shape: --result) on the same pairs: log-probabilities before and after.
+    scores = nbtrain.preference_scores(run, workdir / "data" / "pref.jsonl", n=4)
+    assert len(scores) == 4 and scores.attrs["beta"] == 0.5
+    assert (scores["margin_after"] != scores["margin_before"]).any()
+    assert "=== " in (run.dir / "logs" / "score.log").read_text()  # run_job's header: what ran when
 
 
 def test_orpo_full_finetune_on_plain_strings_saves_a_whole_model(workdir: Path) -> None:

@@ -95,7 +95,7 @@ def test_the_server_answers_an_image_url_request_from_the_openai_client(
 ) -> None:
     from openai import OpenAI
 
-    from nbtrain.control.serve import data_uri
+    from nbtrain.control.jobs.serve import data_uri
 
     image = sorted((vision_work / "data" / "colours_img").glob("*-blue.png"))[0]
     handle = lora_run.serve()
@@ -267,7 +267,7 @@ def test_the_chat_widget_sends_an_attached_picture_and_the_model_names_its_colou
 ) -> None:
     import time
 
-    from nbtrain.control.serve import data_uri
+    from nbtrain.control.jobs.serve import data_uri
     from nbtrain.ui.chat import ChatWidget
 
     image = sorted((vision_work / "data" / "colours_img").glob("*-red.png"))[0]

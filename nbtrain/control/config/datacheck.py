@@ -405,7 +405,7 @@ def _inspect_hub(
     """A Hub dataset: its first data file's first rows checked like a local file's (rows numbered as in
     that file), after the repo's access is checked (missing, private, gated). When the rows cannot be read
     here (offline, a loading script) the format stays as given and the worker checks them."""
-    from nbtrain.control import hub  # huggingface_hub only when a Hub dataset is named
+    from nbtrain.control.models import hub  # huggingface_hub only when a Hub dataset is named
 
     try:
         sample, _note = hub.dataset_sample(spec, SAMPLE_ROWS, split=split, data_files=data_files)

@@ -227,7 +227,7 @@ def load_config(
     if model_kind == "local":
         updates["model"] = str((base / Path(cfg.model).expanduser()).resolve())
     elif model_kind == "gguf":  # the file itself (a folder holding one names it)
-        from nbtrain.control import gguf
+        from nbtrain.control.models import gguf
 
         found = gguf.find((base / Path(cfg.model).expanduser()).resolve(), cfg.gguf_file)
         updates["model"], updates["gguf_file"] = str(found), None

@@ -46,7 +46,7 @@ def resolve(ref: str, base: Path, runs: RunLookup | None) -> tuple[str | None, s
     """(source, None) for a usable reward model ``ref``, else (None, the problem and its fix). ``base`` is
     the folder relative paths start from (the notebook's, as for data files); ``runs`` finds a run by its
     id or name (None: only directories, folders and Hub ids are looked at)."""
-    from nbtrain.control import hub
+    from nbtrain.control.models import hub
 
     path = Path(ref).expanduser()
     if not path.is_absolute():

@@ -21,21 +21,21 @@ def load_model_config(
     model: str | Path, revision: str | None = None, gguf_file: str | None = None
 ) -> dict[str, Any] | None:
     """``config.json`` of a local model directory, or of a Hub id (at ``revision``): fetched into the HF
-    cache, or read from it offline (nbtrain.control.hub).
+    cache, or read from it offline (nbtrain.control.models.hub).
 
     None when it cannot be had (the Hub unreachable and nothing cached, or the repo cannot be read: the
     estimate is then skipped; ``prepare`` reports why, from ``hub.model_config``).
     """
     path = Path(model).expanduser()
     if gguf_file is not None and not path.exists():  # a Hub repo's GGUF file: its header, once downloaded
-        from nbtrain.control import hub
+        from nbtrain.control.models import hub
 
         hit = hub.cached_file(str(model), gguf_file, revision)
         if hit is None:
             return None
         path = Path(hit)
     if path.is_file() and is_gguf(path.name):
-        from nbtrain.control import gguf  # the header (numpy); nothing dequantised
+        from nbtrain.control.models import gguf  # the header (numpy); nothing dequantised
 
         try:
             return dict(gguf.read(path).config)
@@ -47,7 +47,7 @@ def load_model_config(
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
-    from nbtrain.control import hub  # only for a Hub id: huggingface_hub is not imported otherwise
+    from nbtrain.control.models import hub  # only for a Hub id: huggingface_hub is not imported otherwise
 
     try:
         return hub.model_config(str(model), revision)[0]

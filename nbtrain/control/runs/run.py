@@ -39,7 +39,7 @@ from nbtrain.contract.rundir import (
     tail_text,
     write_status,
 )
-from nbtrain.control import process as launch
+from nbtrain.control.launch import process
 from nbtrain.control.runs import registry
 from nbtrain.control.runs.follow import follow
 
@@ -52,12 +52,6 @@ LOST_MESSAGE = (
     "the run's processes ended without writing a final state (killed, out of memory, or the "
     "machine restarted)"
 )
-
-
-# What shows a run's state in the notebook besides the caller (the run records of control/grading): brought
-# to the final state when wait() returns, so a notebook saved right after ``run.wait()`` holds it, not the
-# state a watcher thread would have written a second later.
-ON_WAITED: list[Callable[[Run], object]] = []
 
 
 @dataclass
@@ -175,13 +169,13 @@ class Run:
         """The run's state; a run whose processes are gone without a final state reads as failed (lost)."""
         raw = self._read_status()
         if raw.get("state") in ACTIVE_STATES:
-            info = launch.read_launch(self.paths)
-            if info is not None and launch.is_local(info) and not launch.run_alive(info):
+            info = process.read_launch(self.paths)
+            if info is not None and process.is_local(info) and not process.run_alive(info):
                 raw = self._read_status()  # it may have finished between the two reads
                 if raw.get("state") in ACTIVE_STATES:
                     raw = self._mark_lost()
         if raw.get("slurm_job"):  # SLURM's word on the job; its end if the worker wrote none
-            from nbtrain.control import slurm
+            from nbtrain.control.launch import slurm
 
             if slurm.consult(raw):
                 raw = slurm.reconcile(self.paths, raw)
@@ -288,17 +282,17 @@ class Run:
         job = self._read_status().get("slurm_job")
         if job:
             return self._stop_slurm(str(job), timeout, by)
-        info = launch.read_launch(self.paths)
+        info = process.read_launch(self.paths)
         request_control(self.paths, "stop", by=by)
         if info is None:
             write_status(self.paths, "stopped", note="stopped before it was launched", stop_reason=by)
             return self.status()
-        if not launch.is_local(info):
+        if not process.is_local(info):
             raise NbtrainError(f"run {self.id} runs on host {info.get('host')}; stop it from there")
         if info.get("notebook"):
             how = self._stop_notebook_ranks(info, timeout)
         else:
-            how = launch.terminate_group(info, grace=timeout)
+            how = process.terminate_group(info, grace=timeout)
         final = self._read_status()
         if final.get("state") in ACTIVE_STATES:
             write_status(
@@ -313,7 +307,7 @@ class Run:
     def _stop_slurm(self, job_id: str, timeout: float, by: str) -> RunStatus:
         """A pending job is cancelled; a running one stops gracefully (the control file every rank reads,
         a checkpoint), and is cancelled after ``timeout`` seconds."""
-        from nbtrain.control import slurm
+        from nbtrain.control.launch import slurm
 
         request_control(self.paths, "stop", by=by)
         job = slurm.query(job_id, fresh=True)
@@ -381,12 +375,10 @@ class Run:
         otherwise count it as taken by others. With ``check`` (default) a failed run raises RunFailed."""
         started = time.monotonic()
         st = follow(self.status, timeout=timeout, interval=poll, what=f"run {self.id}")
-        info = launch.read_launch(self.paths)
-        if info is not None and launch.is_local(info) and not info.get("notebook"):
+        info = process.read_launch(self.paths)
+        if info is not None and process.is_local(info) and not info.get("notebook"):
             left = EXIT_WAIT if timeout is None else min(EXIT_WAIT, timeout - (time.monotonic() - started))
-            launch.wait_group_gone(info, max(0.0, left), interval=0.02)
-        for shown in ON_WAITED:
-            shown(self)
+            process.wait_group_gone(info, max(0.0, left), interval=0.02)
         if check and st.state == "failed":
             raise RunFailed(self.failure_report(st))
         return st

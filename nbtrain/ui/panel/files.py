@@ -14,7 +14,7 @@ from nbtrain.contract.formats import (
 )
 from nbtrain.contract.gguf import cache_dir, is_gguf
 from nbtrain.contract.paths import runs_root
-from nbtrain.control.hub import cache_dir as hub_cache_dir
+from nbtrain.control.models.hub import cache_dir as hub_cache_dir
 
 # ------------------------------------------------------------------------------- local path candidates
 # The model and data boxes offer what is on disk: model folders (a config.json beside the weights) and

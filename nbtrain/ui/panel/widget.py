@@ -21,7 +21,7 @@ import yaml
 from nbtrain.contract.errors import ConfigError, NbtrainError, Problem
 from nbtrain.contract.formats import FORMAT_HELP
 from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
-from nbtrain.control import start as api
+from nbtrain.control import start
 from nbtrain.control.config.load import parse_source
 from nbtrain.control.config.preset import Preset, find_preset
 from nbtrain.control.prepare import validate as validate_config
@@ -641,11 +641,11 @@ class ConfigPanel:
             self._show_problems()
         text = self.to_yaml()
         try:
-            prep = api.prepare(text)
+            prep = start.prepare(text)
         except ConfigError as e:
             self._apply_problems(e.problems)
             raise
-        run = api.start(prep)
+        run = start.start(prep)
         self.run = run
         self._show_run(run)
         self._action(None, f"started run {run.id} ({run.name})")

@@ -280,7 +280,7 @@ def resume_run(run_id: str) -> dict[str, Any]:
 def delete_run(run_id: str) -> dict[str, Any]:
     """Move a finished run's directory to the trash folder under its runs root and unregister it
     (control.runs.run.trash_run); refused for a run that runs, or one with a model server running."""
-    from nbtrain.control.serve import find_server
+    from nbtrain.control.jobs.serve import find_server
 
     run, _ = _lookup(run_id)
     if find_server(run) is not None:

@@ -15,7 +15,7 @@ DIR gets safetensors weights, the tokenizer, the generation config and ``nbtrain
 came from). Everything is written into a temporary sibling directory that is renamed to DIR at the end,
 so DIR is complete or untouched. ``--push-to-hub`` then uploads DIR with huggingface_hub; a failed push
 keeps DIR and is reported as such. ``--result`` receives a JSON summary for the caller
-(nbtrain.control.export).
+(nbtrain.control.jobs.export).
 """
 
 from __future__ import annotations

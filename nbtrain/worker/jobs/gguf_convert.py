@@ -1,5 +1,5 @@
 """llama.cpp's converter (``convert_hf_to_gguf.py`` / ``convert_lora_to_gguf.py`` of the pinned sdist,
-kept by ``nbtrain.control.llamacpp``), run in a process of its own with its own ``gguf-py`` first on the
+kept by ``nbtrain.control.jobs.llamacpp``), run in a process of its own with its own ``gguf-py`` first on the
 path (the installed ``gguf`` wheel may be older than the converter).
 
     python -m nbtrain.worker.jobs.gguf_convert TOOLS_DIR hf|lora ARGS...   # the script's own arguments

@@ -8,7 +8,7 @@ SFT dataset preparation with the run's SFTConfig (chat template, ``{% generation
 ``assistant_only_loss``, ``completion_only_loss``, EOS handling; rows' per-message loss flags as the SFT
 recipe applies them, worker/masks.py), so the trained-on mask shown is the
 labels the trainer will compute the loss on. No model is loaded. The kernel runs this in a subprocess
-(transformers must not be imported there) and renders OUT_JSON (see nbtrain.control.preview).
+(transformers must not be imported there) and renders OUT_JSON (see nbtrain.control.jobs.preview).
 """
 
 from __future__ import annotations
@@ -255,14 +255,16 @@ def preview(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nbtrain.contract.jobs import result_argument
+
     ap = argparse.ArgumentParser(prog="python -m nbtrain.worker.jobs.preview", description=__doc__)
     ap.add_argument("resolved", help="a run's resolved.json (with its hooks.pkl beside it, if it has hooks:)")
-    ap.add_argument("--out", required=True, help="where to write the preview JSON")
+    result_argument(ap)
     ap.add_argument("-n", type=int, default=5, help="examples to show")
     ap.add_argument("--stats-rows", type=int, default=2000, help="rows measured for the length statistics")
     a = ap.parse_args(argv)
     resolved = json.loads(Path(a.resolved).read_text(encoding="utf-8"))
-    from nbtrain.contract.rundir import RunPaths
+    from nbtrain.contract.rundir import RunPaths, atomic_write_json
     from nbtrain.worker.hooks import load_run_preprocess
     from nbtrain.worker.lean import hide_unused_packages
 
@@ -270,9 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     preprocess = load_run_preprocess(RunPaths(Path(a.resolved).resolve().parent), resolved["config"])
     use_converted(resolved)  # a GGUF model: its converted folder (converted now if it is not yet)
     result = preview(resolved, a.n, a.stats_rows, preprocess)
-    tmp = Path(a.out).with_suffix(".partial")
-    tmp.write_text(json.dumps(result), encoding="utf-8")
-    tmp.replace(a.out)
+    atomic_write_json(Path(a.result), result)
     return 0
 
 

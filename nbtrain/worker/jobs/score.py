@@ -94,10 +94,13 @@ def score(run_dir: Path, pairs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nbtrain.contract.jobs import result_argument
+    from nbtrain.contract.rundir import atomic_write_json
+
     ap = argparse.ArgumentParser(prog="python -m nbtrain.worker.jobs.score", description=__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("pairs", type=Path, help="JSONL of {prompt, chosen, rejected}")
-    ap.add_argument("--out", type=Path, required=True)
+    result_argument(ap)
     ap.add_argument("-n", type=int, default=32, help="score the first N pairs (default 32)")
     args = ap.parse_args(argv)
     pairs = []
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             if len(pairs) >= args.n:
                 break
     result = score(args.run_dir, pairs)
-    args.out.write_text(json.dumps(result), encoding="utf-8")
+    atomic_write_json(Path(args.result), result)
     return 0
 
 

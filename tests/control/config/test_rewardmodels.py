@@ -50,9 +50,9 @@ def problems(source: str, **kw: Any) -> list[str]:
 
 def started(config: str, monkeypatch: pytest.MonkeyPatch, name: str) -> nbtrain.Run:
     """A registered run directory made by start() whose process is never launched (so it has no weights)."""
-    from nbtrain.control import start as api
+    from nbtrain.control import start
 
-    monkeypatch.setattr(api, "_launch", lambda prep, run, lock: run)
+    monkeypatch.setattr(start, "_launch", lambda prep, run, lock: run)
     return nbtrain.start(nbtrain.prepare(config, name=name, namespace={}))
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import nbtrain
 from nbtrain.contract.errors import RunNotFound
-from nbtrain.control import process as launch
+from nbtrain.control.launch import process
 from tests.conftest import lora_yaml
 
 LONG = lora_yaml(100_000).replace("  logging_steps: 1", "  logging_steps: 1\n  save_steps: 100000")
@@ -27,9 +27,9 @@ def wait_for(cond, timeout: float = 120.0, what: str = "condition") -> None:  # 
 
 
 def group_gone(run: nbtrain.Run) -> bool:
-    info = launch.read_launch(run.paths)
+    info = process.read_launch(run.paths)
     assert info is not None
-    return not launch.group_members(int(info["pgid"]))
+    return not process.group_members(int(info["pgid"]))
 
 
 @pytest.mark.slow
@@ -56,7 +56,7 @@ def test_stop_during_startup_ends_the_run_before_training(workdir: Path) -> None
 def test_run_killed_without_final_state_reads_as_failed_lost(workdir: Path) -> None:
     run = nbtrain.finetune(LONG, name="killed")
     wait_for(lambda: run.status().state == "running", what="running")
-    info = launch.read_launch(run.paths)
+    info = process.read_launch(run.paths)
     assert info is not None
     os.killpg(int(info["pgid"]), signal.SIGKILL)
     wait_for(lambda: group_gone(run), what="group gone")
@@ -87,5 +87,5 @@ def test_wait_returns_once_the_runs_processes_have_exited(workdir: Path) -> None
     count it as another process's (on an H200 a finishing run's 77 GiB turned checkpointing on)."""
     run = nbtrain.finetune(lora_yaml(3), name="exits")
     assert run.wait(timeout=300).state == "completed"
-    info = launch.read_launch(run.paths)
-    assert info is not None and not launch.group_alive(info)
+    info = process.read_launch(run.paths)
+    assert info is not None and not process.group_alive(info)

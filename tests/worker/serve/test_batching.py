@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from nbtrain.control.serve import ServerHandle, serve
+from nbtrain.control.jobs.serve import ServerHandle, serve
 from tests.conftest import TUNED_ANSWERS
 from tests.worker.serve.test_server import greedy
 

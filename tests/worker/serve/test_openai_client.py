@@ -10,7 +10,7 @@ from pathlib import Path
 import openai  # in the dev extra: `make install` installs it
 import pytest
 
-from nbtrain.control.serve import ServerHandle
+from nbtrain.control.jobs.serve import ServerHandle
 from nbtrain.ui.run import get_run
 
 pytestmark = pytest.mark.slow  # the shared tuned run is a real training process

@@ -19,8 +19,8 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
+from nbtrain.control.jobs.serve import ServeError, ServerHandle, find_server, serve
 from nbtrain.control.runs.run import get_run
-from nbtrain.control.serve import ServeError, ServerHandle, find_server, serve
 from nbtrain.ui.chat import ChatWidget
 from tests.conftest import TUNED_ANSWERS
 

@@ -91,7 +91,7 @@ def check_gguf(path: Path, gguf_file: str | None, probs: Problems) -> str | None
     """``model:`` as a .gguf file, or a folder holding one: its header read (not dequantised), a file
     that is not GGUF, damaged, or of an architecture transformers cannot load refused. None when ``path``
     is no GGUF model."""
-    from nbtrain.control import gguf  # the gguf reader (numpy) only when a .gguf is in play
+    from nbtrain.control.models import gguf  # the gguf reader (numpy) only when a .gguf is in play
 
     try:
         found = gguf.find(path, gguf_file)

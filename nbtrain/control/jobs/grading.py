@@ -238,17 +238,17 @@ _SHOWN: list[RecordDisplay] = []
 def record(ref: str | Path | Run, *, watch: bool = True) -> None:
     """Save ``ref``'s run record in the notebook (as an output of the current cell); while the run is
     going, the output is updated when it ends (or at once by ``%finetune wait``)."""
-    from nbtrain.control.runs.run import ON_WAITED, get_run
+    from nbtrain.control.runs.run import get_run
 
-    if finalize_records not in ON_WAITED:
-        ON_WAITED.append(finalize_records)  # run.wait() brings the record to the final state at once
     shown = RecordDisplay(get_run(ref))
     shown.show(watch=watch)
     _SHOWN.append(shown)
 
 
 def finalize_records(run: Run) -> None:
-    """Bring this kernel's shown records of ``run`` to its final state now (``%finetune wait`` does)."""
+    """Bring this kernel's shown records of ``run`` to its final state now (``%finetune wait`` and the
+    notebook Run's ``wait()`` do), so a notebook saved right after holds it, not the state a watcher thread
+    would have written a second later."""
     for shown in _SHOWN:
         if shown.run == run:
             shown.finalize()

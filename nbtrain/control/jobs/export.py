@@ -6,7 +6,8 @@
     %finetune export RUN --to gguf-model --format gguf --quant f16,q8_0,q4_k_m
 
 GGUF (llama.cpp, Ollama, LM Studio): ``nbtrain.worker.jobs.export_gguf``; llama.cpp set up once per
-machine (``nbtrain.control.llamacpp``). Its model family is checked against the converter's own list here.
+machine (``nbtrain.control.jobs.llamacpp``). Its model family is checked against the converter's own list
+here.
 
 Everything that can be checked without loading a model is checked here first (the run has trained
 weights, the dtype is known, the target is new or empty, the repo id is well formed), so bad input starts
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.errors import NbtrainError
-from nbtrain.control.process import run_job
+from nbtrain.control.launch.process import run_job
 from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 
 FORMATS = ("hf", "gguf")
@@ -86,7 +87,7 @@ def gguf_problems(run: Run, quants: list[str], merge: bool) -> list[str]:
     """What stops a GGUF export of ``run`` before anything starts: llama.cpp not set up, an unknown type,
     a model family llama.cpp's converter does not convert, a vision model, no merge."""
     from nbtrain.contract.gguf import GGUF_LORA_TYPES, GGUF_QUANTS
-    from nbtrain.control import llamacpp
+    from nbtrain.control.jobs import llamacpp
 
     problems = []
     unknown = [q for q in quants if q not in GGUF_QUANTS]
@@ -222,8 +223,7 @@ def export(
         args += ["--push-to-hub", push_to_hub] + ([] if private else ["--public"])
     log = r.paths.logs / "export.log"
     result_file = r.paths.logs / "export.result.json"
-    args += ["--result", str(result_file)]
-    code, res = run_job("nbtrain.worker.jobs.export", args, log=log, result=result_file, cwd=r.dir,
+    code, res = run_job("export", args, log=log, result=result_file, cwd=r.dir,
                         what=f"export of run {r.id}", timeout=timeout,
                         progress="nbtrain export:" if format == "gguf" else None,
                         say=on_progress)  # fmt: skip

@@ -10,13 +10,11 @@ imports torch; its log goes to ``logs/score.log`` in the run directory.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.contract.errors import NbtrainError
-from nbtrain.contract.rundir import tail_text
-from nbtrain.control.process import run_to_end
+from nbtrain.control.launch.process import run_job
 from nbtrain.control.runs.run import Run, get_run
 
 if TYPE_CHECKING:
@@ -45,22 +43,9 @@ def preference_scores(
         )
     out = r.dir / "preference_scores.json"
     log = r.paths.logs / "score.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "nbtrain.worker.jobs.score",
-        str(r.dir),
-        str(src),
-        "--out",
-        str(out),
-        "-n",
-        str(n),
-    ]
     log.unlink(missing_ok=True)  # the log of this scoring only
-    code = run_to_end(argv, log=log, timeout=timeout)  # past the timeout: stopped, TimeoutExpired raised
-    if code != 0:
-        raise NbtrainError(f"scoring run {r.id} failed (exit {code}):\n{tail_text(log, 20)}")
-    data = json.loads(out.read_text(encoding="utf-8"))
+    _, data = run_job("score", [str(r.dir), str(src), "-n", str(n)], log=log, result=out, cwd=r.dir,
+                      what=f"scoring run {r.id}", timeout=timeout)  # fmt: skip
     df = pd.DataFrame(data["rows"])
     # the pairs' other columns (a split, an id, ...) come along, to group the scores by
     extra = pd.DataFrame(_first_rows(src, n)).drop(columns=["prompt", "chosen", "rejected"], errors="ignore")

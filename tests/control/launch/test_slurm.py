@@ -17,7 +17,7 @@ import pytest
 
 import nbtrain
 from nbtrain.contract.rundir import latest_complete_checkpoint
-from nbtrain.control import slurm
+from nbtrain.control.launch import slurm
 from tests.conftest import lora_yaml
 from tests.slurmcluster import Cluster, missing
 

@@ -11,7 +11,7 @@ import pytest
 
 import nbtrain
 from nbtrain.contract.errors import ConfigError
-from nbtrain.control import hub
+from nbtrain.control.models import hub
 from nbtrain.control.prepare import estimate_table, prepare
 from nbtrain.examples import write_dataset
 from tests.hubserver import HubServer, Repo, files_of

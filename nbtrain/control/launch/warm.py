@@ -1,6 +1,6 @@
 """Warm start, the manager's side: start this user's warm process (nbtrain.worker.warm) for an environment,
 list the running ones and stop them (``%finetune warm``, ``nbtrain warm``). Asking one to fork a process is
-nbtrain.control.warmclient; the spawner starts a warm process through ``start`` when none answers.
+nbtrain.control.launch.warmclient; the spawner starts a warm process through ``start`` when none answers.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from nbtrain.contract import warm as proto
-from nbtrain.control.process import job_env, start_warm
+from nbtrain.control.launch.process import job_env, start_warm
 
 start = start_warm  # the spawner's own: it also starts one when a start finds none
 

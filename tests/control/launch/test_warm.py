@@ -19,8 +19,8 @@ import pytest
 import nbtrain
 from nbtrain.contract import warm as proto
 from nbtrain.contract.rundir import atomic_write_json, read_jsonl
-from nbtrain.control import warm
-from nbtrain.control.process import read_launch
+from nbtrain.control.launch import warm
+from nbtrain.control.launch.process import read_launch
 from nbtrain.ui.verbs import VERBS
 from tests.conftest import lora_yaml
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import read_json
-from nbtrain.control.process import run_job
+from nbtrain.control.launch.process import run_job
 from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ def evaluate(
     result_file = r.paths.logs / "eval.result.json"
     log = r.paths.logs / "eval.log"
     # The notebook's directory as working directory: relative paths in task YAMLs mean what they say there.
-    _, res = run_job("nbtrain.worker.jobs.evaluate", [*args, "--result", str(result_file)], log=log,
+    _, res = run_job("evaluate", args, log=log,
                      result=result_file, cwd=Path.cwd(), what=f"evaluation of run {r.id}",
                      timeout=timeout)  # fmt: skip
     if not res.get("ok"):
@@ -258,7 +258,7 @@ def accuracy(
     from the run's server when one is up, else from one-shot processes. The report, with every answer,
     is also kept in ``<run>/eval/accuracy.json``. ``match="contains"``: an answer is right when it holds
     the expected text (case aside), for answers whose wording may vary around a name or a fact."""
-    from nbtrain.control.serve import generate
+    from nbtrain.control.jobs.serve import generate
 
     problems = []
     if not prompts:

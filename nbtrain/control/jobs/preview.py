@@ -9,8 +9,6 @@ it in a subprocess with the run's own SFTConfig, writing JSON that nbtrain.ui.pr
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,7 +18,7 @@ from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.hooks import HOOKS_FILE
 from nbtrain.contract.notebook import notebook_namespace
 from nbtrain.contract.pickles import read_trusted, write_private
-from nbtrain.control.process import run_to_end
+from nbtrain.control.launch.process import run_job
 from nbtrain.control.runs.run import Run, get_run
 
 
@@ -38,8 +36,7 @@ def resolved_for(ref: str | Path | Mapping[str, Any] | Run) -> tuple[dict[str, A
         run = get_run(ref)  # type: ignore[arg-type]
         pickled = run.dir / HOOKS_FILE
         return run.resolved, run.id, read_trusted(pickled) if pickled.exists() else None
-    from nbtrain.control.prepare import hooks_payload
-    from nbtrain.control.start import prepare
+    from nbtrain.control.prepare import hooks_payload, prepare
 
     # GRPO's rewards are not looked up (a preview tokenises SFT rows); hooks: preprocess shapes the rows
     prep = prepare(ref, capture_notebook=False)  # type: ignore[arg-type]
@@ -66,18 +63,8 @@ def preview_data(
         src.write_text(json.dumps(resolved), encoding="utf-8")
         if hooks is not None:  # the job applies hooks: preprocess as training does
             write_private(Path(tmp) / HOOKS_FILE, hooks)
-        argv = [sys.executable, "-m", "nbtrain.worker.jobs.preview", str(src), "--out", str(out),
-                "-n", str(n), "--stats-rows", str(stats_rows)]  # fmt: skip
         # No GPU is needed to tokenise; hiding them keeps the preview off a card a run is using.
-        env = {"CUDA_VISIBLE_DEVICES": ""}
-        try:
-            code = run_to_end(argv, log=log, env=env, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            msg = f"the preview took longer than {timeout:.0f} s; lower stats_rows"
-            raise NbtrainError(msg) from None
-        if code != 0 or not out.exists():
-            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-15:]
-            last = next((ln for ln in reversed(tail) if ln.strip()), "(no output)")
-            raise NbtrainError(f"the preview failed: {last}\n" + "\n".join(tail))
-        data = json.loads(out.read_text(encoding="utf-8"))
+        _, data = run_job("preview", [str(src), "-n", str(n), "--stats-rows", str(stats_rows)], log=log,
+                          result=out, cwd=Path(tmp), env={"CUDA_VISIBLE_DEVICES": ""}, timeout=timeout,
+                          timeout_hint="lower stats_rows")  # fmt: skip
     return data, source

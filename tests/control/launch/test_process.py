@@ -1,4 +1,4 @@
-"""The one spawner (nbtrain.control.process), on real processes: new session, output to a log, children
+"""The one spawner (nbtrain.control.launch.process), on real processes: new session, output to a log, children
 collected, and a stop that signals only a process group that is still the one it started."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import psutil
 import pytest
 
 from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.jobs import Job
 from nbtrain.contract.rundir import RunPaths
-from nbtrain.control import process
+from nbtrain.control.launch import process
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 # A leader that starts a child in its own group (as a launcher starts ranks), tells its pid, and exits.
@@ -206,8 +207,8 @@ def test_run_job_past_its_timeout_stops_the_whole_group(tmp_path: Path) -> None:
     child_file = tmp_path / "child.pid"
     t0 = time.monotonic()
     with pytest.raises(NbtrainError, match=r"the test job did not finish in 5 s and was stopped; see "):
-        process.run_job("forking_job", [str(child_file), "120"], log=log, result=result, cwd=tmp_path,
-                        what="the test job", timeout=5)  # fmt: skip
+        process.run_job(Job("forking_job", "a test job"), [str(child_file), "120"], log=log, result=result,
+                        cwd=tmp_path, what="the test job", timeout=5)  # fmt: skip
     assert time.monotonic() - t0 < 14  # SIGTERM ended it: no wait for the 10 s grace
     child = int(child_file.read_text())
     assert not running(child)
@@ -219,11 +220,11 @@ def test_run_job_returns_the_result_and_names_the_log_when_there_is_none(tmp_pat
     (tmp_path / "fails.py").write_text("raise SystemExit('no result today')")
     log, result = tmp_path / "job.log", tmp_path / "result.json"
     kw: dict[str, Any] = {"log": log, "result": result, "cwd": tmp_path, "what": "the job"}
-    assert process.run_job("writes", [str(result)], **kw) == (0, {"ok": True})
+    assert process.run_job(Job("writes", "a job"), [str(result)], **kw) == (0, {"ok": True})
     with pytest.raises(
         NbtrainError, match=r"(?s)the job failed \(exit code 1\) without a result.*no result today"
     ):
-        process.run_job("fails", [], **kw)
+        process.run_job(Job("fails", "a job"), [], **kw)
 
 
 class Interrupted(Exception):

@@ -12,7 +12,7 @@ import pytest
 
 from nbtrain.contract.errors import ConfigError
 from nbtrain.control.config.load import load_config
-from nbtrain.control.tracking import (
+from nbtrain.control.launch.tracking import (
     installed_integrations,
     report_to_problem,
     stop_tensorboard,

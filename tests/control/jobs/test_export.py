@@ -1,5 +1,5 @@
-"""nbtrain.control.export from the kernel side: checks before anything starts, the detached export worker, the
-merged model reloaded on its own, and a hub push that fails offline without losing the export."""
+"""nbtrain.control.jobs.export from the kernel side: checks before anything starts, the detached export
+worker, the merged model reloaded on its own, and a hub push that fails offline without losing the export."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_a_gguf_export_without_llama_cpp_set_up_says_how_to_set_it_up(
 
 
 def test_families_the_converter_does_not_take_and_vision_models_are_named_with_the_reason() -> None:
-    from nbtrain.control.export import family_problem
+    from nbtrain.control.jobs.export import family_problem
 
     known = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
     assert family_problem({"architectures": ["LlamaForCausalLM"]}, known) is None
@@ -98,7 +98,7 @@ def test_families_the_converter_does_not_take_and_vision_models_are_named_with_t
 
 
 def test_the_kept_converter_lists_the_families_it_converts() -> None:
-    from nbtrain.control import llamacpp
+    from nbtrain.control.jobs import llamacpp
 
     if not llamacpp.kept():
         pytest.skip(llamacpp.missing() or "")
@@ -109,8 +109,8 @@ def test_the_kept_converter_lists_the_families_it_converts() -> None:
 
 def test_the_kernel_side_imports_no_torch() -> None:
     code = (
-        "import sys, nbtrain, nbtrain.ui.magics, nbtrain.control.export, nbtrain.control.evaluate\n"
-        "import nbtrain.control.tracking\n"
+        "import sys, nbtrain, nbtrain.ui.magics, nbtrain.control.jobs.export, nbtrain.control.jobs.evaluate\n"
+        "import nbtrain.control.launch.tracking\n"
         "heavy = ('torch', 'transformers', 'peft', 'trl', 'bitsandbytes', 'lm_eval', 'tensorboard',\n"
         "         'wandb')\n"
         "print(sorted(m for m in heavy if m in sys.modules))"

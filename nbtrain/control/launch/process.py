@@ -30,8 +30,9 @@ import psutil
 
 from nbtrain.contract import warm as proto
 from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.jobs import JOBS, Job
 from nbtrain.contract.rundir import MAX_JSON_BYTES, RunPaths, atomic_write_json, read_json, tail_text
-from nbtrain.control import warmclient
+from nbtrain.control.launch import warmclient
 from nbtrain.hardware.clock import same_start, start_record, started_before
 
 # The children this process started, kept until their exit status is collected (no zombies).
@@ -289,24 +290,29 @@ def _print_progress(log: Path, offset: int, prefix: str, say: Callable[[str], No
 
 
 def run_job(
-    module: str,
+    job: str | Job,
     args: list[str],
     *,
     log: Path,
     result: Path,
     cwd: Path,
-    what: str,
+    what: str | None = None,
     timeout: float | None = None,
+    timeout_hint: str = "",
     env: dict[str, str] | None = None,
     progress: str | None = None,
     say: Callable[[str], None] | None = None,
 ) -> tuple[int, dict[str, Any]]:
-    """Run ``python -m module *args`` to the end; returns (exit code, the JSON it wrote to ``result``).
+    """Run one-off job ``job`` (a name in ``contract.jobs.JOBS``, or a Job) to the end:
+    ``python -m MODULE *args --result RESULT``; returns (exit code, the JSON it wrote to ``result``).
 
-    Raises NbtrainError when it runs past ``timeout`` (it is stopped) and, with the log's tail, when it
-    died without writing its result.
+    Raises NbtrainError when it runs past ``timeout`` (it is stopped; ``timeout_hint`` says what to
+    change) and, with the log's tail, when it died without writing its result. ``what`` names it in
+    those errors (default: the table's).
     """
-    argv = [sys.executable, "-m", module, *args]
+    spec = JOBS[job] if isinstance(job, str) else job
+    what = what or spec.what
+    argv = [sys.executable, "-m", spec.module, *args, "--result", str(result)]
     result.unlink(missing_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:  # one log for every run of the job: each starts with what ran when
@@ -315,7 +321,10 @@ def run_job(
     try:
         code = run_to_end(argv, log=log, cwd=cwd, env=env, timeout=timeout, progress=progress, say=say)
     except subprocess.TimeoutExpired:
-        raise NbtrainError(f"{what} did not finish in {timeout:.0f} s and was stopped; see {log}") from None
+        hint = f"; {timeout_hint}" if timeout_hint else ""
+        raise NbtrainError(
+            f"{what} did not finish in {timeout:.0f} s and was stopped; see {log}{hint}"
+        ) from None
     try:
         data: dict[str, Any] = read_json(result)
     except (FileNotFoundError, ValueError):

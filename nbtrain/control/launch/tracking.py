@@ -36,7 +36,7 @@ from nbtrain.contract.tracking import (  # noqa: F401 - re-exported for the conf
     tensorboard_dir,
     tracking_env,
 )
-from nbtrain.control import process
+from nbtrain.control.launch import process
 
 # ------------------------------------------------------------------------------------- TensorBoard
 

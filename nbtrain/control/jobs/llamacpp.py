@@ -1,7 +1,7 @@
 """llama.cpp for GGUF export, from the package registry only: set up once per machine, checked for free.
 
-    python -m nbtrain.control.llamacpp setup     # or: nbtrain gguf-setup; `make test` starts it early
-    python -m nbtrain.control.llamacpp status
+    python -m nbtrain.control.jobs.llamacpp setup     # or: nbtrain gguf-setup; `make test` starts it early
+    python -m nbtrain.control.jobs.llamacpp status
 
 The ``llama-cpp-python`` sdist (pinned: ``contract.gguf.LLAMA_CPP_PYTHON``) vendors llama.cpp. Setting up
 builds it with pip (CMake, CPU; ~4.5 minutes on 2 cores, measured) into the environment -- pip keeps the
@@ -75,7 +75,7 @@ def missing() -> str | None:
         return None
     return (
         f"GGUF export needs {' and '.join(parts)}: run `nbtrain gguf-setup` (or `python -m "
-        f"nbtrain.control.llamacpp setup`) once on this machine; `pip install 'nbtrain[gguf]'` installs "
+        f"nbtrain.control.jobs.llamacpp setup`) once on this machine; `pip install 'nbtrain[gguf]'` installs "
         "the package alone"
     )
 
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         why = missing()
         print(why or f"llama.cpp ready ({PACKAGE} {cache.LLAMA_CPP_PYTHON}; converter in {tools_dir()})")
         return 0 if why is None else 1
-    print("usage: python -m nbtrain.control.llamacpp setup|status", file=sys.stderr)
+    print("usage: python -m nbtrain.control.jobs.llamacpp setup|status", file=sys.stderr)
     return 2
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.contract.errors import NbtrainError, RowError
-from nbtrain.control.evaluate import read_check, save_check
+from nbtrain.control.jobs.evaluate import read_check, save_check
 from nbtrain.control.runs.run import Run, get_run
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ def tool_accuracy(
     """Ask the run's model (and with ``compare_base`` its base) to answer each held-out tool-calling
     conversation, greedily, with its tools offered; score the calls (module doc). Every row is checked
     before anything is asked."""
-    from nbtrain.control.serve import chat_with_tools
+    from nbtrain.control.jobs.serve import chat_with_tools
 
     if not rows:
         raise NbtrainError("tool calls not measured: no rows given")

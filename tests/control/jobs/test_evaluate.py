@@ -1,5 +1,5 @@
-"""nbtrain.control.evaluate from the kernel side: held-out loss and perplexity of a run, base beside tuned,
-kept in the run directory and shown as a table and a bar chart."""
+"""nbtrain.control.jobs.evaluate from the kernel side: held-out loss and perplexity of a run, base beside
+tuned, kept in the run directory and shown as a table and a bar chart."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from nbtrain.contract import gguf as cache
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import tail_text
-from nbtrain.control.process import run_job
+from nbtrain.control.launch.process import run_job
 
 
 @dataclass(frozen=True)
@@ -144,8 +144,8 @@ def example_model(name: str, *, dtype: str = "float32", quiet: bool = False) -> 
     log = examples_dir() / "convert.log"
     result = examples_dir() / f".convert-{os.getpid()}.json"
     code, data = run_job(
-        "nbtrain.worker.gguf",
-        [str(file), "--dtype", dtype, "--result", str(result)],
+        "convert-gguf",
+        [str(file), "--dtype", dtype],
         log=log,
         result=result,
         cwd=examples_dir(),

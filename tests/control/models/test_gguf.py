@@ -16,8 +16,9 @@ import pytest
 
 from nbtrain.contract import gguf as cache
 from nbtrain.contract.errors import ConfigError, NbtrainError
-from nbtrain.control import gguf, pretrained
+from nbtrain.control.jobs import pretrained
 from nbtrain.control.memory import count_parameters
+from nbtrain.control.models import gguf
 from nbtrain.control.prepare import prepare
 from nbtrain.examples import write_dataset
 from tests.conftest import SMOLLM2

@@ -27,7 +27,7 @@ from typing import Any
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import latest_complete_checkpoint, read_json, tail_text
-from nbtrain.control import process as launch
+from nbtrain.control.launch import process
 from nbtrain.control.runs.run import Run, get_run
 
 START_TIMEOUT = 300.0  # loading a large model onto a GPU takes a while; the tiny one takes seconds
@@ -79,11 +79,11 @@ class ServerHandle:
                 "boot_time": self.info.get("boot_time")}  # fmt: skip
 
     def alive(self) -> bool:
-        return launch.group_alive(self._launch_info())
+        return process.group_alive(self._launch_info())
 
     def stop(self, timeout: float = 15.0) -> str:
         """SIGTERM the server's process group, SIGKILL it after ``timeout`` s; returns what it took."""
-        how = launch.terminate_group(self._launch_info(), grace=timeout)
+        how = process.terminate_group(self._launch_info(), grace=timeout)
         _STARTED.pop(self.run_dir, None)
         f = self.run_dir / "serve.json"
         try:
@@ -245,7 +245,7 @@ def find_server(run: Run | str | Path) -> ServerHandle | None:
             f"it holds the server's key); ask them to stop it, or serve a copy of the run"
         ) from None
     handle = ServerHandle.from_info(run.dir.resolve(), info)
-    if launch.leader_alive(handle._launch_info()):
+    if process.leader_alive(handle._launch_info()):
         return handle
     f.unlink(missing_ok=True)
     return None
@@ -317,8 +317,8 @@ def serve(
     if base_only:
         argv.append("--base-only")
     log = run_dir / "logs" / LOG_NAME
-    proc = launch.start_process(argv, log=log, cwd=run_dir, env=launch.job_env())
-    if isinstance(proc, launch.LaunchFailed):
+    proc = process.start_process(argv, log=log, cwd=run_dir, env=process.job_env())
+    if isinstance(proc, process.LaunchFailed):
         raise ServeError(f"the server of run {run.id} could not start: {proc.reason}")
     offset = proc.log_offset
     deadline = time.monotonic() + timeout
@@ -530,8 +530,8 @@ def _answers(
         log = run_dir / "logs" / "generate.log"
         offset = log.stat().st_size if log.exists() else 0  # this call's output starts there
         try:  # an interrupt stops the process group too
-            code = launch.run_to_end(
-                argv, log=log, cwd=run_dir, env=launch.job_env(), timeout=timeout, grace=5
+            code = process.run_to_end(
+                argv, log=log, cwd=run_dir, env=process.job_env(), timeout=timeout, grace=5
             )
         except subprocess.TimeoutExpired:
             raise ServeError(f"generate for run {run.id} took over {timeout:.0f} s and was stopped") from None

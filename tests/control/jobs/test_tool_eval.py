@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nbtrain.contract.errors import RowError
-from nbtrain.control.tool_eval import held_out_case, score
+from nbtrain.control.jobs.tool_eval import held_out_case, score
 from nbtrain.examples.tools import TOOLS
 
 

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 import nbtrain
-from nbtrain.control.grading import RECORD_MIME
+from nbtrain.control.jobs.grading import RECORD_MIME
 from tests.conftest import lora_yaml
 from tests.notebook import error_of, execute, text_of
 
@@ -33,7 +33,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> tuple[
         f"%%finetune --name graded --no-view\n{lora_yaml(STEPS)}",
         # run.wait() (no %finetune wait here) brings the record to the final state before it returns; the
         # kernel's output is flushed, not waited for, so a watcher thread a second later would be too late
-        "import nbtrain\nfrom nbtrain.control.grading import _SHOWN\n"
+        "import nbtrain\nfrom nbtrain.control.jobs.grading import _SHOWN\n"
         "nbtrain.get_run('graded').wait(timeout=300)\nassert _SHOWN and all(shown.final for shown in _SHOWN)",
         "%finetune record graded",
         "r = nbtrain.check('graded', final_loss_below=100, min_steps=12, loss_decreased=True, "
