@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain.control.config.rules.distributed import async_io_problem
+from nbtrain.control.config.facts import async_io_problem
 from nbtrain.examples import make_tiny_model
 
 pytestmark = pytest.mark.slow

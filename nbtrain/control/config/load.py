@@ -7,7 +7,6 @@ close match (config/problems.py)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,18 +17,14 @@ from pydantic import ValidationError
 from nbtrain.contract.errors import ConfigError, Problem
 from nbtrain.contract.formats import FORMATS
 from nbtrain.contract.objectives import OBJECTIVES, UNAVAILABLE
-from nbtrain.control.config.datacheck import DataProblem, DataSource, flags_problem, inspect_data
+from nbtrain.control.config.datacheck import DataProblem, DataSource, flags_problem
+from nbtrain.control.config.facts import Facts
 from nbtrain.control.config.problems import Problems, schema_problems
 from nbtrain.control.config.rewardmodels import RunLookup
 from nbtrain.control.config.rules.data import chat_template_key, check_sources, data_sections, preprocess_hook
 from nbtrain.control.config.rules.distributed import check_distributed
 from nbtrain.control.config.rules.method import method_sections
-from nbtrain.control.config.rules.model import (
-    bitsandbytes_problem,
-    check_model,
-    lora_targets_problem,
-    module_names,
-)
+from nbtrain.control.config.rules.model import check_model, lora_targets_problem
 from nbtrain.control.config.rules.objective import (
     hooks_sections,
     objective_sections,
@@ -107,6 +102,7 @@ def load_config(
     name is found (prepare gives the registry's)."""
     raw, text, base = parse_source(source)
     probs = Problems(text)
+    facts = Facts(base, runs)  # everything the rules below know of the world, read once
     if raw is None:
         raise ConfigError([Problem("", "the config is empty; it needs at least model: and data: train:")])
     if not isinstance(raw, dict):
@@ -118,7 +114,7 @@ def load_config(
             ]
         )
     secret_problems(raw, probs)
-    raw = chat_template_key(raw, base, probs)
+    raw = chat_template_key(raw, facts, probs)
     if name is not None:
         raw = {**raw, "name": name}
     preset_items: list[tuple[tuple[str | int, ...], str]] = []
@@ -135,11 +131,13 @@ def load_config(
     # every problem it can, not only the schema's.
     model = raw.get("model")
     model_kind = (
-        check_model(model, base, probs, raw.get("gguf_file")) if isinstance(model, str) and model else "local"
+        check_model(model, facts, probs, raw.get("gguf_file"))
+        if isinstance(model, str) and model
+        else "local"
     )
     objective = raw.get("objective", "sft")
     if isinstance(objective, str) and objective in UNAVAILABLE:
-        probs.add(("objective",), unavailable_objective(objective))
+        probs.add(("objective",), unavailable_objective(objective, facts))
     # train: keys are checked against the objective's TRL config; an unknown or unavailable objective
     # has none, and is reported on its own.
     known_objective = objective if isinstance(objective, str) and objective in OBJECTIVES else None
@@ -151,15 +149,15 @@ def load_config(
     if cfg is not None:
         method_sections(cfg, probs)
         if model_kind == "local" and cfg.lora is not None and isinstance(cfg.lora.target_modules, list):
-            names = module_names((base / Path(cfg.model).expanduser()).resolve())
+            names = facts.module_names(facts.resolved(cfg.model))
             why = lora_targets_problem(names, cfg.lora.target_modules) if names else None
             if why:
                 probs.add(("lora", "target_modules"), why)
         data_sections(cfg, probs)
         objective_sections(cfg, probs)
-        reward_list = reward_models(cfg, base, probs, runs)
+        reward_list = reward_models(cfg, facts, probs)
         hooks_sections(cfg, probs)
-        user_ds = check_distributed(cfg, base, probs)
+        user_ds = check_distributed(cfg, facts, probs)
     data: dict[str, Any] = raw["data"] if isinstance(raw.get("data"), dict) else {}
     fmt = data.get("format", "auto")
     fmt = fmt if fmt in ("auto", *FORMATS) else "auto"
@@ -175,12 +173,10 @@ def load_config(
     train_sources: list[DataSource] = []
     if known_objective is not None and columns_ok:
         hook = preprocess_hook(raw, namespace)
-        train_sources = check_sources(data, fmt, columns, base, known_objective, probs, hook)
+        train_sources = check_sources(data, fmt, columns, facts, known_objective, probs, hook)
         if isinstance(data.get("eval"), str) and data["eval"]:
             try:
-                sources["eval"] = inspect_data(
-                    data["eval"], fmt, base, known_objective, columns, preprocess=hook
-                )
+                sources["eval"] = facts.data(data["eval"], fmt, known_objective, columns, preprocess=hook)
             except DataProblem as e:
                 probs.add(("data", "eval"), str(e))
     flags = flags_problem([*train_sources, *sources.values()], train if isinstance(train, dict) else None)
@@ -209,7 +205,7 @@ def load_config(
         if why:
             probs.add(("model",), why)
     if raw.get("method") == "qlora":
-        why = bitsandbytes_problem(tuple(sys.path))
+        why = facts.bitsandbytes_problem()
         if why:
             probs.add(("method",), f"method: qlora needs bitsandbytes: {why}")
     for path, message in preset_items:
@@ -225,12 +221,12 @@ def load_config(
     if cfg.method in ("qlora", "auto") and cfg.quantization is None:
         updates["quantization"] = QuantSettings.model_validate({})
     if model_kind == "local":
-        updates["model"] = str((base / Path(cfg.model).expanduser()).resolve())
+        updates["model"] = str(facts.resolved(cfg.model))
     elif model_kind == "gguf":  # the file itself (a folder holding one names it)
-        from nbtrain.control.models import gguf
-
-        found = gguf.find((base / Path(cfg.model).expanduser()).resolve(), cfg.gguf_file)
-        updates["model"], updates["gguf_file"] = str(found), None
+        updates["model"], updates["gguf_file"] = (
+            str(facts.gguf(facts.resolved(cfg.model), cfg.gguf_file).found),
+            None,
+        )
     if reward_list is not None:
         updates["rewards"] = reward_list  # {model: ...} as the worker loads it: a directory or a Hub id
     # A dataset of a dataset_info.json keeps the json as its path (a resume resolves it again); the file or

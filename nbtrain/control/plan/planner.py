@@ -14,7 +14,7 @@ from typing import Any
 
 from nbtrain.contract.objectives import PACKED_MODEL_TYPES
 from nbtrain.control import memory
-from nbtrain.control.config.rules.model import bitsandbytes_problem
+from nbtrain.control.config.facts import bitsandbytes_problem
 from nbtrain.control.config.schema import Resolved, RunConfig
 from nbtrain.control.memory import Estimate
 from nbtrain.control.plan.accelerators import ACCELERATORS, QLORA_WHY, UNVERIFIED, accelerator_precision

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from nbtrain.contract.errors import ConfigError
+from nbtrain.control.config.facts import nvme_path_problem
 from nbtrain.control.config.load import load_config
-from nbtrain.control.config.rules.distributed import nvme_path_problem
 from nbtrain.control.memory import (
     NVME_OPTIMIZER_BUFFERS,
     NVME_PARAM_BUFFERS,

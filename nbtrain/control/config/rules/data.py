@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from nbtrain.control.config import datasetinfo
-from nbtrain.control.config.datacheck import DataProblem, DataSource, RowHook, inspect_data
+from nbtrain.control.config.datacheck import DataProblem, DataSource, RowHook
+from nbtrain.control.config.facts import Facts
 from nbtrain.control.config.problems import Problems
 from nbtrain.control.config.schema.run import RunConfig
 from nbtrain.control.config.schema.sections import DataSourceSettings, columns_problem
@@ -50,7 +51,7 @@ def check_sources(
     data: dict[str, Any],
     fmt: str,
     columns: dict[str, str] | None,
-    base: Path,
+    facts: Facts,
     objective: str,
     probs: Problems,
     hook: RowHook | None = None,
@@ -63,8 +64,8 @@ def check_sources(
         dataset = data.get("dataset")
         try:
             if isinstance(dataset, str) and dataset:
-                return [inspect_info(train, dataset, fmt, base, objective, columns, hook)]
-            return [inspect_data(train, fmt, base, objective, columns, preprocess=hook)]
+                return [inspect_info(train, dataset, fmt, facts, objective, columns, hook)]
+            return [facts.data(train, fmt, objective, columns, preprocess=hook)]
         except DataProblem as e:
             probs.add(("data", "dataset" if isinstance(dataset, str) and dataset else "train"), str(e))
             return []
@@ -80,12 +81,12 @@ def check_sources(
         try:
             if spec.dataset is not None:
                 src = inspect_info(
-                    spec.path, spec.dataset, src_fmt, base, objective, spec.columns or columns, hook
+                    spec.path, spec.dataset, src_fmt, facts, objective, spec.columns or columns, hook
                 )
                 out.append(replace(src, weight=spec.weight))
                 continue
-            src = inspect_data(
-                spec.path, src_fmt, base, objective, spec.columns or columns, split=spec.split,
+            src = facts.data(
+                spec.path, src_fmt, objective, spec.columns or columns, split=spec.split,
                 data_files=spec.data_files, preprocess=hook,
             )  # fmt: skip
         except DataProblem as e:
@@ -116,7 +117,7 @@ def inspect_info(
     spec: str,
     name: str,
     fmt: str,
-    base: Path,
+    facts: Facts,
     objective: str,
     columns: dict[str, str] | None,
     hook: RowHook | None,
@@ -125,7 +126,7 @@ def inspect_info(
     source, with its resolved facts (file or Hub id, split, columns in nbtrain's names, tags) recorded in
     the DataSource the worker reads. ``columns`` (data: columns:) win over the entry's, name by name."""
     try:
-        entry = datasetinfo.resolve(spec, name, base)
+        entry = facts.dataset_info(spec, name)
     except datasetinfo.InfoProblem as e:
         raise DataProblem(str(e)) from None
     merged = {**(entry.columns or {}), **(columns or {})} or None
@@ -133,16 +134,14 @@ def inspect_info(
         problem = columns_problem(merged)
         if problem:
             raise DataProblem(f"{entry.info}: {name!r} with data: columns: {problem}")
-    src = inspect_data(
-        entry.spec, fmt, base, objective, merged, split=entry.split, preprocess=hook, tags=entry.tags
-    )
+    src = facts.data(entry.spec, fmt, objective, merged, split=entry.split, preprocess=hook, tags=entry.tags)
     return replace(
         src, spec=f"{name} ({entry.info})", split=entry.split, columns=merged, tags=entry.tags,
         dataset=name, dataset_info=entry.info,
     )  # fmt: skip
 
 
-def chat_template_key(raw: dict[str, Any], base: Path, probs: Problems) -> dict[str, Any]:
+def chat_template_key(raw: dict[str, Any], facts: Facts, probs: Problems) -> dict[str, Any]:
     """``chat_template:`` (a built-in's name, contract/chat_templates, or a Jinja file) as TRL's
     ``train: chat_template_path``, the file's absolute path; the config without the key."""
     from nbtrain.contract.chat_templates import BUILTIN, builtin_template
@@ -166,13 +165,13 @@ def chat_template_key(raw: dict[str, Any], base: Path, probs: Problems) -> dict[
     path = builtin_template(value)
     if path is None:
         path = Path(value).expanduser()
-        path = path if path.is_absolute() else base / path
-        if not path.is_file() or path.suffix not in (".jinja", ".j2"):
+        path = path if path.is_absolute() else facts.base / path
+        if not facts.is_file(path) or path.suffix not in (".jinja", ".j2"):
             probs.add(
                 ("chat_template",),
                 f"chat_template: {value!r} is neither a built-in template ({names}) nor a Jinja template "
                 f"file (.jinja or .j2; looked for {path})",
             )
             return raw
-    raw["train"] = {**train, "chat_template_path": str(path.resolve())}
+    raw["train"] = {**train, "chat_template_path": str(facts.resolved(str(path)))}
     return raw

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-import tempfile
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from nbtrain.control.config.choices import ZERO_STAGES
+from nbtrain.control.config.facts import Facts
 from nbtrain.control.config.problems import Problems
 from nbtrain.control.config.schema.run import RunConfig
 
 
-def check_distributed(cfg: RunConfig, base: Path, probs: Problems) -> dict[str, Any] | None:
+def check_distributed(cfg: RunConfig, facts: Facts, probs: Problems) -> dict[str, Any] | None:
     """Combinations that cannot work, rejected before launch. Returns a user DeepSpeed config, if any."""
     d = cfg.distributed
     where = ("distributed",)
@@ -33,7 +26,7 @@ def check_distributed(cfg: RunConfig, base: Path, probs: Problems) -> dict[str, 
             "offloading parameters needs strategy: zero3 (ZeRO-1/2 keep every "
             "parameter on each device); use offload: optimizer, or zero3",
         )
-    check_nvme(cfg, base, probs)
+    check_nvme(cfg, facts, probs)
     if cfg.method == "qlora" and d.strategy == "zero3":
         probs.add(
             (*where, "strategy"),
@@ -69,13 +62,12 @@ def check_distributed(cfg: RunConfig, base: Path, probs: Problems) -> dict[str, 
             f"node) or slurm: {{partition: ...}}",
         )
     if d.hostfile is not None:
-        hf = (base / Path(d.hostfile).expanduser()).resolve()
-        if not hf.is_file():
+        hf = facts.resolved(d.hostfile)
+        if not facts.is_file(hf):
             probs.add((*where, "hostfile"), f"hostfile not found: {hf}")
         else:
             try:
-                with hf.open(encoding="utf-8", errors="replace") as f:
-                    hosts = [ln for ln in f.read(2**20).splitlines() if ln.split("#", 1)[0].strip()]
+                hosts = [ln for ln in facts.text(hf).splitlines() if ln.split("#", 1)[0].strip()]
             except OSError as e:
                 probs.add((*where, "hostfile"), f"cannot read the hostfile {hf}: {e.strerror}")
             else:
@@ -92,9 +84,9 @@ def check_distributed(cfg: RunConfig, base: Path, probs: Problems) -> dict[str, 
                 (*where, "deepspeed_config"),
                 f"a DeepSpeed config needs strategy zero1/zero2/zero3 or auto, not {d.strategy}",
             )
-        path = (base / Path(d.deepspeed_config).expanduser()).resolve()
+        path = facts.resolved(d.deepspeed_config)
         try:
-            loaded = json.loads(path.read_text(encoding="utf-8"))
+            loaded = facts.json(path)
         except FileNotFoundError:
             probs.add((*where, "deepspeed_config"), f"DeepSpeed config not found: {path}")
         except (OSError, ValueError) as e:
@@ -115,7 +107,7 @@ def check_distributed(cfg: RunConfig, base: Path, probs: Problems) -> dict[str, 
     return user_ds
 
 
-def check_nvme(cfg: RunConfig, base: Path, probs: Problems) -> None:
+def check_nvme(cfg: RunConfig, facts: Facts, probs: Problems) -> None:
     """offload: nvme (DeepSpeed ZeRO-Infinity) needs ZeRO-3, a folder for its swap files on a filesystem
     that takes O_DIRECT (DeepSpeed's async I/O opens them so), and the async_io op (libaio)."""
     d, where = cfg.distributed, ("distributed",)
@@ -134,55 +126,11 @@ def check_nvme(cfg: RunConfig, base: Path, probs: Problems) -> None:
         probs.add((*where, "offload"), "offload: nvme needs nvme_path: a folder on a fast local disk "
                                        "(NVMe SSD) for the swap files, under distributed:")  # fmt: skip
         return
-    problem = nvme_path_problem((base / Path(d.nvme_path).expanduser()).resolve())
+    problem = facts.nvme_problem(facts.resolved(d.nvme_path))
     if problem is None:
-        problem = async_io_problem(tuple(sys.path))
+        problem = facts.async_io_problem()
     if problem is not None:
         probs.add((*where, "nvme_path"), problem)
-
-
-def nvme_path_problem(path: Path) -> str | None:
-    """Why ZeRO-Infinity cannot swap to files in ``path``, or None: it must be a folder this user can write,
-    on a filesystem that opens files with O_DIRECT, as DeepSpeed's async I/O does (its aio common code)."""
-    if not path.is_dir():
-        what = "is not a folder" if path.exists() else "does not exist"
-        return f"nvme_path {path} {what}: create it on a fast local disk (mkdir -p {path}) or give another"
-    try:
-        fd, name = tempfile.mkstemp(prefix=".nbtrain-nvme-", dir=path)
-    except OSError as e:
-        return f"nvme_path {path} is not writable ({e.strerror}): give a folder you can write"
-    os.close(fd)
-    try:
-        os.close(os.open(name, os.O_WRONLY | getattr(os, "O_DIRECT", 0)))
-    except OSError as e:
-        return (
-            f"nvme_path {path}: its filesystem refuses O_DIRECT ({e.strerror}), which DeepSpeed's async I/O "
-            f"opens the swap files with (tmpfs before Linux 6.6 does); give a folder on a local disk (ext4)"
-        )
-    finally:
-        os.unlink(name)
-    return None
-
-
-@lru_cache(maxsize=4)
-def async_io_problem(sys_path: tuple[str, ...]) -> str | None:
-    """Why DeepSpeed's async_io op (ZeRO-Infinity's disk I/O) cannot build here, or None. Asked of
-    DeepSpeed itself (``AsyncIOBuilder().is_compatible()``: libaio's header and library link) in a
-    subprocess: the kernel never imports torch."""
-    del sys_path  # part of the cache key only
-    if importlib.util.find_spec("deepspeed") is None:
-        return "offload: nvme needs DeepSpeed (`pip install deepspeed`)"
-    code = "from deepspeed.ops.op_builder import AsyncIOBuilder; print(AsyncIOBuilder().is_compatible())"
-    probe = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
-    if probe.returncode == 0 and probe.stdout.strip().endswith("True"):
-        return None
-    return (
-        "DeepSpeed's async_io op cannot build here: it needs libaio's header and library (Debian/Ubuntu: "
-        "apt-get install libaio-dev; Fedora: dnf install libaio-devel). Install it, or use offload: "
-        "optimizer+params (CPU RAM)"
-    )
 
 
 def deepspeed_config_problem(ds: Any) -> str | None:

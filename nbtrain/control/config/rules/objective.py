@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from nbtrain.contract.formats import SFT_FORMATS
 from nbtrain.contract.objectives import OBJECTIVES, UNAVAILABLE, rewards_objectives
-from nbtrain.control.config import rewardmodels
+from nbtrain.control.config.facts import Facts
 from nbtrain.control.config.problems import Problems
 from nbtrain.control.config.schema.run import RunConfig
 from nbtrain.control.config.schema.sections import RewardModelRef
 
 
-def unavailable_objective(name: str) -> str:
+def unavailable_objective(name: str, facts: Facts) -> str:
     """Why ``objective: name`` cannot run with the installed TRL."""
-    try:
-        from importlib.metadata import version
-
-        trl_version = version("trl")
-    except Exception:  # noqa: BLE001 - the version only decorates the message
-        trl_version = "1.x"
-    return f"objective: {name} is not available in TRL {trl_version}: {UNAVAILABLE[name]}"
+    return f"objective: {name} is not available in TRL {facts.version('trl') or '1.x'}: {UNAVAILABLE[name]}"
 
 
 def objective_sections(cfg: RunConfig, probs: Problems) -> None:
@@ -70,9 +62,7 @@ def objective_sections(cfg: RunConfig, probs: Problems) -> None:
             )
 
 
-def reward_models(
-    cfg: RunConfig, base: Path, probs: Problems, runs: rewardmodels.RunLookup | None
-) -> list[str | RewardModelRef] | None:
+def reward_models(cfg: RunConfig, facts: Facts, probs: Problems) -> list[str | RewardModelRef] | None:
     """``rewards:`` with each ``{model: ...}`` resolved to what the worker loads (a run's or a folder's
     absolute directory, or a Hub id); a reference that cannot be used is a problem naming the fix."""
     if not cfg.rewards or cfg.objective not in rewards_objectives():
@@ -80,7 +70,7 @@ def reward_models(
     out: list[str | RewardModelRef] = []
     for i, entry in enumerate(cfg.rewards):
         if isinstance(entry, RewardModelRef):
-            source, problem = rewardmodels.resolve(entry.model, base, runs)
+            source, problem = facts.reward_model(entry.model)
             if problem is not None:
                 probs.add(("rewards", i, "model"), problem)
             entry = RewardModelRef(model=source or entry.model)
