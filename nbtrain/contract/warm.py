@@ -133,45 +133,55 @@ def send_request(sock: socket.socket, request: dict[str, Any], fds: list[int]) -
 REQUEST_SECONDS = 2.0  # the most one client may take to send its request (it sends it whole, at once)
 
 
-def recv_request(sock: socket.socket, seconds: float = REQUEST_SECONDS) -> tuple[dict[str, Any], list[int]]:
-    """One request and the descriptors that came with it (the caller closes them), all within ``seconds``:
-    a client that trickles its bytes is cut off then (TimeoutError), so it holds nobody else up."""
-    deadline = time.monotonic() + seconds
+class RequestReader:
+    """One client's request read as its bytes come, without blocking, so one process reads many clients at
+    once: ``feed()`` whenever the socket is readable returns (request, descriptors) once it is whole, None
+    while more is due; ValueError for a malformed request or a client that hung up. The descriptors that
+    came with it are this reader's to close (``close()``) until ``feed`` hands them over."""
 
-    def left() -> float:
-        if (t := deadline - time.monotonic()) <= 0:
-            raise TimeoutError(f"the warm request did not arrive within {seconds:g} s")
-        return t
+    def __init__(self, sock: socket.socket, seconds: float = REQUEST_SECONDS) -> None:
+        self.sock = sock
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+        self.fds: list[int] = []
+        self.data = bytearray()
+        self.size: int | None = None
+        sock.setblocking(False)
 
-    try:
-        sock.settimeout(left())
-        first, fds, _, _ = socket.recv_fds(sock, 4096, MAX_FDS)
-    except TimeoutError:
-        raise TimeoutError(f"the warm request did not arrive within {seconds:g} s") from None
-    try:
-        if len(first) < 4:
-            raise ValueError("short warm request")
-        (n,) = struct.unpack(">I", first[:4])
-        if n > MAX_REQUEST:
-            raise ValueError("warm request too large")
-        data = bytearray(first[4:])
-        while len(data) < n:
-            sock.settimeout(left())
-            try:
-                chunk = sock.recv(min(65536, n - len(data)))
-            except TimeoutError:
-                raise TimeoutError(f"the warm request did not arrive within {seconds:g} s") from None
-            if not chunk:
-                raise ValueError("warm request cut short")
-            data += chunk
-        request = json.loads(bytes(data[:n]))
+    def expired(self, now: float) -> bool:
+        return now >= self.deadline
+
+    def feed(self) -> tuple[dict[str, Any], list[int]] | None:
+        try:
+            if self.size is None and not self.data:  # the first bytes carry the descriptors
+                chunk, fds, _, _ = socket.recv_fds(self.sock, 4096, MAX_FDS)
+                self.fds += fds
+            else:
+                chunk = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as e:
+            raise ValueError(f"the warm request could not be read ({e})") from None
+        if not chunk:
+            raise ValueError("warm request cut short")
+        self.data += chunk
+        if self.size is None and len(self.data) >= 4:
+            (self.size,) = struct.unpack(">I", self.data[:4])
+            if self.size > MAX_REQUEST:
+                raise ValueError("warm request too large")
+        if self.size is None or len(self.data) < 4 + self.size:
+            return None
+        request = json.loads(bytes(self.data[4 : 4 + self.size]))
         if not isinstance(request, dict):
             raise ValueError("warm request is not an object")
-    except BaseException:
-        for fd in fds:
+        fds, self.fds = self.fds, []
+        return request, fds
+
+    def close(self) -> None:
+        for fd in self.fds:
             os.close(fd)
-        raise
-    return request, list(fds)
+        self.fds = []
+        self.sock.close()
 
 
 def send_reply(sock: socket.socket, reply: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ import json
 import os
 import random
 import runpy
+import selectors
 import signal
 import socket
 import sys
@@ -207,18 +208,30 @@ def _reseed() -> None:
         torch.seed()
 
 
-def handle(conn: socket.socket, srv: socket.socket, key: str, started_stamp: str, lock: int) -> bool:
-    """Serve one connection; False when this process must exit after it (stale)."""
-    conn.settimeout(10)
+MAX_CLIENTS = 256  # requests being read at once; more wait in the listen queue
+
+
+def peer_is_me(conn: socket.socket) -> bool:
+    """Whether the process at the other end runs as this user (anyone else gets no answer at all)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    uid = int.from_bytes(creds[4:8], sys.byteorder)
-    if uid != os.getuid():
-        return True  # not this user's: no answer
-    try:
-        request, fds = proto.recv_request(conn)
-    except TimeoutError as e:  # a client that trickles (or stalls) is cut off: the next one is served
-        print(f"nbtrain warm: {e}; the connection is closed", flush=True)
-        return True
+    return int.from_bytes(creds[4:8], sys.byteorder) == os.getuid()
+
+
+def answer(
+    conn: socket.socket,
+    request: dict[str, Any],
+    fds: list[int],
+    key: str,
+    started_stamp: str,
+    lock: int,
+    close: list[socket.socket],
+    close_fds: list[int],
+) -> bool:
+    """Answer one whole request: fork its process or say why it starts cold. False when this process must
+    exit after it (stale). ``close`` / ``close_fds``: what a forked child must not keep (the listening
+    socket, the other clients' connections and the descriptors they sent)."""
+    conn.setblocking(True)
+    conn.settimeout(10)
     try:
         why = refusal(request, key, started_stamp)
         if why is None and not fds:
@@ -238,7 +251,10 @@ def handle(conn: socket.socket, srv: socket.socket, key: str, started_stamp: str
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            _child(request, fds, w, [conn, srv], lock)
+            for fd in close_fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            _child(request, fds, w, [conn, *close], lock)
         os.close(w)
         ok = os.read(r, 1) == b"1"  # the child leads its session now: pgid == pid
         os.close(r)
@@ -323,25 +339,8 @@ def serve(idle: float) -> int:
     }  # fmt: skip
     print(f"nbtrain warm: ready in {info['ready_s']} s, {json.dumps(info)}", flush=True)
     (folder / f"{key}.json").write_text(json.dumps(info))
-    srv.settimeout(idle)
-    served = 0
     try:
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except TimeoutError:
-                print(f"nbtrain warm: idle for {idle:.0f} s, exiting", flush=True)
-                return 0
-            with conn:
-                try:
-                    keep = handle(conn, srv, key, started_stamp, lock)
-                    served += 1
-                except Exception:  # noqa: BLE001 - one bad request never ends the service
-                    print(f"nbtrain warm: request failed:\n{traceback.format_exc()}", flush=True)
-                    keep = True
-            if not keep:
-                print("nbtrain warm: nbtrain or the training stack changed, exiting", flush=True)
-                return 0
+        return loop(srv, idle, key, started_stamp, lock)
     finally:
         try:
             if os.stat(path).st_ino == me:
@@ -350,6 +349,89 @@ def serve(idle: float) -> int:
         except OSError:
             pass
         srv.close()
+
+
+def loop(srv: socket.socket, idle: float, key: str, started_stamp: str, lock: int) -> int:
+    """Serve until idle for ``idle`` s or stale. Many clients at once: each request is read as its bytes
+    come (proto.RequestReader) and answered when whole, so a client that stalls or trickles holds up
+    nobody (it is cut off after REQUEST_SECONDS); one thread throughout, as fork needs."""
+    srv.setblocking(False)
+    pending: dict[socket.socket, proto.RequestReader] = {}
+    last = time.monotonic()
+    with selectors.DefaultSelector() as sel:
+
+        def drop(conn: socket.socket) -> None:
+            sel.unregister(conn)
+            pending.pop(conn).close()
+
+        listening = False
+        try:
+            while True:
+                if listening != (len(pending) < MAX_CLIENTS):  # full: the rest wait in the listen queue
+                    listening = not listening
+                    if listening:
+                        sel.register(srv, selectors.EVENT_READ)
+                    else:
+                        sel.unregister(srv)
+                now = time.monotonic()
+                wait = min([r.deadline - now for r in pending.values()], default=idle - (now - last))
+                events = sel.select(max(0.0, wait))
+                now = time.monotonic()
+                if not events and not pending and now - last >= idle:
+                    print(f"nbtrain warm: idle for {idle:.0f} s, exiting", flush=True)
+                    return 0
+                for sk, _ in events:
+                    if sk.fileobj is srv:
+                        accept(srv, sel, pending)
+                        continue
+                    conn = sk.fileobj
+                    assert isinstance(conn, socket.socket)
+                    try:
+                        got = pending[conn].feed()
+                    except ValueError as e:
+                        print(f"nbtrain warm: {e}; the connection is closed", flush=True)
+                        drop(conn)
+                        continue
+                    if got is None:
+                        continue
+                    sel.unregister(conn)
+                    del pending[conn]
+                    last = now
+                    # what a forked child must not keep: the other clients' connections and descriptors
+                    fds = [fd for r in pending.values() for fd in r.fds] + [sel.fileno()]
+                    try:
+                        keep = answer(conn, *got, key, started_stamp, lock, [srv, *pending], fds)
+                    except Exception:  # noqa: BLE001 - one bad request never ends the service
+                        print(f"nbtrain warm: request failed:\n{traceback.format_exc()}", flush=True)
+                        keep = True
+                    finally:
+                        conn.close()
+                    if not keep:
+                        print("nbtrain warm: nbtrain or the training stack changed, exiting", flush=True)
+                        return 0
+                for conn in [c for c, r in pending.items() if r.expired(now)]:
+                    late = f"the warm request did not arrive within {proto.REQUEST_SECONDS:g} s"
+                    print(f"nbtrain warm: {late}; the connection is closed", flush=True)
+                    drop(conn)
+        finally:
+            for reader in pending.values():
+                reader.close()
+
+
+def accept(
+    srv: socket.socket, sel: selectors.BaseSelector, pending: dict[socket.socket, proto.RequestReader]
+) -> None:
+    """Take the connections waiting on ``srv``: this user's are read from now on, anyone else's closed."""
+    while len(pending) < MAX_CLIENTS:
+        try:
+            conn, _ = srv.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        if not peer_is_me(conn):
+            conn.close()  # not this user's: no answer
+            continue
+        pending[conn] = proto.RequestReader(conn)
+        sel.register(conn, selectors.EVENT_READ)
 
 
 def _created() -> float:

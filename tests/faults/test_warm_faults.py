@@ -106,3 +106,41 @@ def test_a_client_that_trickles_its_request_holds_up_no_other_start(
         trickler.close()
     logs = "".join(p.read_text() for p in warm_processes.glob("*.log"))
     assert "did not arrive within 2 s; the connection is closed" in logs
+
+
+def test_forty_starts_at_once_beside_a_stalled_client_are_all_forked_warm_without_waiting_for_it(
+    tmp_path: Path, warm_processes: Path
+) -> None:
+    """The warm process reads many clients at once: a client that connected and went quiet costs the
+    others nothing (one thread answered in turn, it held every start for its 2 s), and 40 starts at once
+    are all forked warm, none turned away as busy or cold."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nbtrain.control.launch import process, warmclient
+
+    ready = wait_ready()
+    env = {**os.environ, **process.job_env()}  # as the spawner asks: the warm process's environment
+    argv = [sys.executable, "-m", "nbtrain.worker.jobs.preview"]  # no arguments: it exits at once
+    log = open(tmp_path / "jobs.log", "ab")  # noqa: SIM115 - shared by the threads below
+
+    def start() -> tuple[object, float]:
+        t = time.monotonic()
+        got = warmclient.try_warm(argv, log_fd=log.fileno(), cwd=tmp_path, env=env, pass_fds=())
+        return got, time.monotonic() - t
+
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        stalled.connect(ready["socket"])
+        stalled.send((1000).to_bytes(4, "big"))  # a request of 1000 bytes is coming... and nothing more
+        time.sleep(0.2)  # it is being read now
+        first, took = start()
+        assert isinstance(first, warmclient.WarmChild), first
+        assert took < 1.5, f"the start waited {took:.1f} s for the stalled client"
+        with ThreadPoolExecutor(40) as pool:
+            results = list(pool.map(lambda _: start()[0], range(40)))
+    finally:
+        stalled.close()
+        log.close()
+    cold = [r for r in results if not isinstance(r, warmclient.WarmChild)]
+    assert cold == [] and len({r.pid for r in results}) == 40  # type: ignore[union-attr]
