@@ -174,23 +174,61 @@ def paired(samples: dict[str, list[dict[str, float]]], a: str, b: str) -> float:
     )
 
 
+# (name, a, b, what): a over b, for the pairs whose systems ran. "steps": steps/s; "mfu": FLOP utilisation,
+# the medians' ratio; "paired": each repeat's ratio (the two ran minutes apart, under the same load), then
+# their median. The answers-only job counts the same model FLOPs per step as the every-token one (the model's,
+# for every token it reads).
+RATIOS = (
+    ("steps_per_s_ratio_vs_llamafactory", "nbtrain", "llamafactory", "steps"),
+    ("warm_steps_per_s_ratio_vs_llamafactory", "nbtrain_warm", "llamafactory", "steps"),
+    ("steps_per_s_ratio_vs_bare_trl", "nbtrain", "bare_trl", "steps"),
+    ("mfu_ratio_vs_bare_peft", "nbtrain", "bare_peft", "mfu"),
+    ("warm_mfu_ratio_vs_bare_peft", "nbtrain_warm", "bare_peft", "mfu"),
+    ("mfu_ratio_vs_bare_peft_unpadded", "nbtrain", "bare_peft_unpadded", "mfu"),
+    ("mfu_ratio_vs_bare_peft_paired", "nbtrain", "bare_peft", "paired"),
+    ("warm_mfu_ratio_vs_bare_peft_paired", "nbtrain_warm", "bare_peft", "paired"),
+    ("answers_mfu_ratio_vs_bare_peft", "nbtrain_answers", "bare_peft_answers", "mfu"),
+    ("answers_mfu_ratio_vs_bare_peft_paired", "nbtrain_answers", "bare_peft_answers", "paired"),
+)
+
+
+def ratios(
+    med: dict[str, dict[str, float]], mfu: dict[str, float], samples: dict[str, list[dict[str, float]]]
+) -> dict[str, float]:
+    out = {}
+    for name, a, b, what in RATIOS:
+        if a in med and b in med:
+            if what == "steps":
+                out[name] = med[a]["steady_steps_per_s"] / med[b]["steady_steps_per_s"]
+            elif what == "mfu":
+                out[name] = mfu[a] / mfu[b]
+            else:
+                out[name] = paired(samples, a, b)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument(
+        "--systems", default=",".join(SYSTEMS), help="a comma-separated subset of: " + ", ".join(SYSTEMS)
+    )
     args = ap.parse_args()
+    systems = tuple(s for s in SYSTEMS if s in args.systems.split(","))
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
         "loadavg_start": os.getloadavg(),
     }
-    error = LLAMAFACTORY.setup()
+    error = LLAMAFACTORY.setup() if "llamafactory" in systems else None
     if error is not None:
         res["error"] = error
         RESULTS.write_text(json.dumps(res, indent=1) + "\n")
         print(error, file=sys.stderr)
         return 1
-    res["versions"] = {"llamafactory_venv": LLAMAFACTORY.versions()}
+    if "llamafactory" in systems:
+        res["versions"] = {"llamafactory_venv": LLAMAFACTORY.versions()}
     import nbtrain
     from bench.bench_overhead import run_bare
     from nbtrain.examples import write_dataset
@@ -212,9 +250,9 @@ def main() -> int:
         est = json.loads(resolved.read_text())["estimate"]
         lf = lf_files(work, model, data, "smollm2", args.steps, cfg)
         mean_len = token_facts(model, data)
-        samples: dict[str, list[dict[str, float]]] = {s: [] for s in SYSTEMS}
+        samples: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
         for i in range(args.repeats):
-            for system in rotated(SYSTEMS, i):
+            for system in rotated(systems, i):
                 if system == "nbtrain_answers":
                     r = run_nbtrain_as(False, answers, work, f"real-{system}-{i}")
                 elif system.startswith("nbtrain"):
@@ -249,44 +287,20 @@ def main() -> int:
         "matmul_flops_per_s": flops, "mean_row_tokens": mean_len, "flops_per_step": step_flops,
         "params": {"total": total, "trainable": trainable, "matmul": matmul_params},
         "median": med, "mfu": mfu,
-        "steps_per_s_ratio_vs_llamafactory": med["nbtrain"]["steady_steps_per_s"]
-        / med["llamafactory"]["steady_steps_per_s"],
-        "warm_steps_per_s_ratio_vs_llamafactory": med["nbtrain_warm"]["steady_steps_per_s"]
-        / med["llamafactory"]["steady_steps_per_s"],
-        "steps_per_s_ratio_vs_bare_trl": med["nbtrain"]["steady_steps_per_s"]
-        / med["bare_trl"]["steady_steps_per_s"],
-        "mfu_ratio_vs_bare_peft": mfu["nbtrain"] / mfu["bare_peft"],
-        "warm_mfu_ratio_vs_bare_peft": mfu["nbtrain_warm"] / mfu["bare_peft"],
-        "mfu_ratio_vs_bare_peft_unpadded": mfu["nbtrain"] / mfu["bare_peft_unpadded"],
-        # each repeat's ratio (the two ran minutes apart, under the same load), then their median
-        "mfu_ratio_vs_bare_peft_paired": paired(samples, "nbtrain", "bare_peft"),
-        "warm_mfu_ratio_vs_bare_peft_paired": paired(samples, "nbtrain_warm", "bare_peft"),
-        # the answers-only job: the same FLOPs counted per step (the model's, for every token it reads)
-        "answers_mfu_ratio_vs_bare_peft": mfu["nbtrain_answers"] / mfu["bare_peft_answers"],
-        "answers_mfu_ratio_vs_bare_peft_paired": paired(samples, "nbtrain_answers", "bare_peft_answers"),
+        **ratios(med, mfu, samples),
         "samples": samples, "loadavg_end": os.getloadavg(),
     })  # fmt: skip
     RESULTS.write_text(json.dumps(res, indent=1) + "\n")
     print(f"matmul {peak / 1e9:.0f} GFLOP/s; a step {step_flops / 1e9:.0f} GFLOP ({mean_len:.1f} tokens/row)")
     print("| system | steps/s | first step s | peak RSS MiB | MFU |")
     print("|---|---|---|---|---|")
-    for s in SYSTEMS:
+    for s in systems:
         m = med[s]
         first = f"{m['first_step_s']:.1f}" if "first_step_s" in m else "-"
         rss = f"{m['peak_rss'] / 2**20:.0f}" if "peak_rss" in m else "-"
         print(f"| {s} | {m['steady_steps_per_s']:.3f} | {first} | {rss} | {mfu[s]:.2f} |")
-    print(f"nbtrain / LLaMA-Factory steps/s {res['steps_per_s_ratio_vs_llamafactory']:.2f}x (warm "
-          f"{res['warm_steps_per_s_ratio_vs_llamafactory']:.2f}x), / bare TRL "
-          f"{res['steps_per_s_ratio_vs_bare_trl']:.2f}x, "
-          f"MFU / bare peft loop {res['mfu_ratio_vs_bare_peft']:.2f}x (warm "
-          f"{res['warm_mfu_ratio_vs_bare_peft']:.2f}x; / the unpadded loop "
-          f"{res['mfu_ratio_vs_bare_peft_unpadded']:.2f}x); repeat by repeat "
-          f"{res['mfu_ratio_vs_bare_peft_paired']:.2f}x "
-          f"(warm {res['warm_mfu_ratio_vs_bare_peft_paired']:.2f}x)")  # fmt: skip
-    print(
-        f"answers-only job: MFU / bare peft loop {res['answers_mfu_ratio_vs_bare_peft']:.2f}x, repeat by "
-        f"repeat {res['answers_mfu_ratio_vs_bare_peft_paired']:.2f}x"
-    )
+    for key, value in ratios(med, mfu, samples).items():
+        print(f"{key}: {value:.2f}x")
     return 0
 
 
