@@ -219,6 +219,55 @@ def image_source(ref: Any, base: str | os.PathLike[str] | None) -> tuple[str, An
     return "path", os.path.abspath(path)
 
 
+# Hosts whose image URLs are fetched although they are not public (loopback, the local network): a
+# comma-separated list of host names or addresses as the URLs write them, or "*" for any.
+ENV_IMAGE_HOSTS = "NBTRAIN_IMAGE_HOSTS"
+
+
+def url_problem(url: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Why nbtrain will not fetch the image at ``url``, or None: an http(s) URL whose host resolves to
+    public addresses only. A data file written elsewhere must not make a run read this machine's or its
+    network's services: loopback, private, link-local (a cloud's metadata service, 169.254.169.254),
+    multicast and reserved addresses are refused unless the host is listed in NBTRAIN_IMAGE_HOSTS. Checked
+    in the kernel for the rows it samples, and by the worker before each fetch and each redirect."""
+    import ipaddress
+    import socket
+    import urllib.parse
+
+    env = os.environ if env is None else env
+    fix = (
+        f"download the image and give its path, or, if you trust that host, list it in {ENV_IMAGE_HOSTS} "
+        f"(comma-separated, or * for any)"
+    )
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:
+        return f"is not a valid URL ({e}); {fix}"
+    if parts.scheme not in ("http", "https"):
+        return f"is a {parts.scheme}: URL; images are fetched over http(s) only"
+    host = (parts.hostname or "").lower()
+    if not host:
+        return f"names no host; {fix}"
+    allowed = {h.strip().lower().strip("[]") for h in env.get(ENV_IMAGE_HOSTS, "").split(",") if h.strip()}
+    if "*" in allowed or host in allowed:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        return f"names a host that does not resolve here ({host}: {e}); {fix}"
+    for info in infos:
+        ip = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if not ip.is_global or ip.is_multicast:
+            kind = (
+                "loopback" if ip.is_loopback else "link-local" if ip.is_link_local else
+                "private" if ip.is_private else "non-public"
+            )  # fmt: skip
+            where = f"points at {host} ({ip}), a {kind} address"
+            return f"{where}, and nbtrain fetches images from public hosts only; {fix}"
+    return None
+
+
 def _b64(data: str, ref: str) -> bytes:
     try:
         return base64.b64decode(data, validate=True)

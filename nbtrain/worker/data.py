@@ -367,11 +367,26 @@ def fetch_image(url: str, where: str) -> bytes:
     import time
     import urllib.request
 
+    from nbtrain.contract.images import url_problem
+
+    class CheckedRedirects(urllib.request.HTTPRedirectHandler):
+        """Redirects followed only to hosts the policy allows (a public host may redirect to loopback)."""
+
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+            why = url_problem(newurl)
+            if why:
+                raise DataError(f"{where}: the image {url} redirects to {newurl}, which {why}")
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    why = url_problem(url)
+    if why:
+        raise DataError(f"{where}: the image {url} {why}")
     deadline = time.monotonic() + URL_TIMEOUT  # for the whole fetch: a server that trickles bytes ends too
     chunks: list[bytes] = []
     size = 0
+    opener = urllib.request.build_opener(CheckedRedirects())
     try:
-        with urllib.request.urlopen(url, timeout=URL_TIMEOUT) as resp:  # image_source: http(s) only
+        with opener.open(url, timeout=URL_TIMEOUT) as resp:  # image_source: http(s) only
             while size <= MAX_IMAGE_BYTES:
                 if time.monotonic() > deadline:
                     raise DataError(

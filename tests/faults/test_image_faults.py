@@ -1,5 +1,7 @@
 """Images that cost more than they look (issue 36): a small file of a huge picture, a request of many, a
-FIFO named as an image, and an image URL whose server trickles its bytes. Each is refused from what it
+FIFO named as an image, an image URL whose server trickles its bytes, and image URLs that point at this
+machine or its network (refused in the kernel for the sampled rows and by the worker before each fetch and
+redirect). Each is refused from what it
 says of itself (its header, its kind of file, the time the fetch has taken), before it costs memory or
 holds a process for ever."""
 
@@ -106,8 +108,90 @@ def test_an_image_url_that_trickles_ends_the_fetch_at_its_deadline(
 ) -> None:
     from nbtrain.worker import data
 
+    monkeypatch.setenv("NBTRAIN_IMAGE_HOSTS", "127.0.0.1")  # the test's server is on loopback: trusted here
     monkeypatch.setattr(data, "URL_TIMEOUT", 2.0)  # each byte comes well within it; the whole never does
     began = time.monotonic()
     with pytest.raises(data.DataError, match=r"row 3: the image .* took over 2 s to fetch"):
         data.fetch_image(trickling_server, "row 3")
     assert time.monotonic() - began < 6
+
+
+VISION_ROW = {"messages": [
+    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "URL"}},
+                                 {"type": "text", "text": "?"}]},
+    {"role": "assistant", "content": "a dot"},
+]}  # fmt: skip
+
+
+def row_with(url: str) -> dict:
+    import json
+
+    return json.loads(json.dumps(VISION_ROW).replace('"URL"', json.dumps(url)))
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:9/a.png", "http://localhost/a.png", "http://169.254.169.254/latest/meta-data",
+     "http://[::1]:8080/a.png", "http://10.1.2.3/a.png"],
+)  # fmt: skip
+def test_an_image_url_of_a_host_that_is_not_public_is_refused_in_the_kernel_naming_the_row(
+    tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbtrain.control.config.datacheck import DataProblem, check_images
+
+    monkeypatch.delenv("NBTRAIN_IMAGE_HOSTS", raising=False)
+    refused = r"data.jsonl: row 5: the image .* address, and nbtrain fetches images from public hosts only"
+    with pytest.raises(DataProblem, match=refused + r"; .*NBTRAIN_IMAGE_HOSTS"):
+        check_images([(5, row_with(url))], "messages", None, tmp_path, "data.jsonl")
+    host = url.split("/")[2].rsplit(":", 1)[0] if "[" not in url else "::1"
+    monkeypatch.setenv("NBTRAIN_IMAGE_HOSTS", f"example.org, {host}")  # a host you trust is fetched
+    assert check_images([(5, row_with(url))], "messages", None, tmp_path, "data.jsonl") == (1, 1)
+
+
+@pytest.fixture
+def image_server() -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on loopback: /redirect sends the client to the same server by the name localhost,
+    anything else is a PNG. Yields its base URL and the paths asked for."""
+    import http.server
+
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            if self.path == "/redirect":
+                self.send_response(302)
+                self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/a.png")
+                self.end_headers()
+                return
+            body = png(4, 4)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", asked
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_the_worker_fetches_no_loopback_image_and_follows_no_redirect_to_one(
+    image_server: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbtrain.worker import data
+
+    base, asked = image_server
+    monkeypatch.delenv("NBTRAIN_IMAGE_HOSTS", raising=False)
+    with pytest.raises(data.DataError, match=r"row 2: the image .* a loopback address"):
+        data.fetch_image(f"{base}/a.png", "row 2")
+    assert asked == []  # refused before it connected
+    monkeypatch.setenv("NBTRAIN_IMAGE_HOSTS", "127.0.0.1")  # this address is trusted; localhost is not
+    assert data.fetch_image(f"{base}/a.png", "row 2") == png(4, 4)
+    with pytest.raises(data.DataError, match=r"row 2: the image .*/redirect redirects to http://localhost:"):
+        data.fetch_image(f"{base}/redirect", "row 2")
+    assert asked == ["/a.png", "/redirect"]  # the redirect's target was never asked for

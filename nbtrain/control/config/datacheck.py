@@ -24,7 +24,7 @@ from nbtrain.contract.formats import (
     jsonl_lines,
     to_example,
 )
-from nbtrain.contract.images import ImageRowError, describe, has_images, image_source
+from nbtrain.contract.images import ImageRowError, describe, has_images, image_source, url_problem
 from nbtrain.control.config.datasetinfo import looks_like_info, names_hint, read_info
 
 SAMPLE_ROWS = 1000
@@ -350,7 +350,7 @@ def check_images(
 ) -> tuple[int, int]:
     """(how many images the sampled rows name, the most in one row); the first CHECK_IMAGES are opened
     with Pillow, and one that is missing or cannot be decoded is a DataProblem naming its row and file.
-    URLs are fetched by the worker, not here."""
+    URLs are fetched by the worker, not here; their hosts are checked here (contract.images.url_problem)."""
     found = opened = most = 0
     for n, row in rows:
         if not (isinstance(row, dict) and has_images(apply_columns(row, columns))):
@@ -381,7 +381,9 @@ def image_problem(ref: Any, base: Path) -> str | None:
         where, value = image_source(ref, base)
     except ImageRowError as e:
         return f"cannot be read ({e})"
-    if where == "url" or where == "object":
+    if where == "url":
+        return url_problem(value)
+    if where == "object":
         return None
     if where == "path" and not Path(value).is_file():
         return f"is not there (looked for {value})"
