@@ -48,9 +48,10 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
      ("test_leftovers_of_killed_exports_are_cleared_and_a_target_moved_aside_is_put_back",)),
     ("trust boundaries: another uid's run dirs, a copied run dir, a status file of the wrong shape",
      "tests/faults/test_trust_faults.py", ()),
-    ("images: a huge picture in a small file, many in one request, a FIFO, a trickling URL",
+    ("images: a huge picture in a small file, many in one request, a FIFO, a trickling URL, a private host",
      "tests/faults/test_image_faults.py", ()),
-    ("one writer per run dir however the warm process stalls", "tests/faults/test_warm_faults.py", ()),
+    ("one writer per run dir however the warm process stalls; 40 starts beside a stalled client",
+     "tests/faults/test_warm_faults.py", ()),
     ("example-data writes the format its suffix says", "tests/examples/test_examples.py",
      ("test_alpaca_to_a_csv_file_is_csv_with_the_alpaca_columns",)),
 ]  # fmt: skip
