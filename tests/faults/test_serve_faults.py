@@ -304,6 +304,41 @@ def test_connections_past_the_limit_are_refused_with_503_and_the_slots_come_back
     assert_answers(server)
 
 
+def test_another_local_user_holds_four_connections_at_most_and_none_of_the_owners(
+    server: ServerHandle,
+) -> None:
+    """uid 65534 (setpriv) opens 12 connections: 8 are answered 503 at once, and the owner is served while
+    it holds the other 4 (its connections never count against the owner's 64)."""
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("switching to another uid needs root and setpriv")
+    host, port = address(server)
+    code = (
+        "import socket, sys, time\n"
+        f"ss = [socket.create_connection(({host!r}, {port}), timeout=5) for _ in range(12)]\n"
+        "refused = 0\n"
+        "for s in ss:\n"
+        "    s.settimeout(0.1)\n"
+        "    try:\n"
+        "        refused += s.recv(100).startswith(b'HTTP/1.1 503 ')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(refused, flush=True)\n"
+        "sys.stdin.read()\n"  # holds the rest until the test is done
+    )
+    who = ["--reuid=65534", "--regid=65534", "--clear-groups"]
+    other = subprocess.Popen(["setpriv", *who, "/usr/bin/python3", "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd="/")  # fmt: skip
+    try:
+        assert other.stdout is not None
+        assert other.stdout.readline().strip() == "8"
+        assert_answers(server)  # the owner's slots are all there
+    finally:
+        other.kill()
+        other.wait()
+
+
 # ---------------------------------------------------------------------------- clients that leave
 def test_a_client_that_leaves_stops_its_generation_and_the_next_client_is_served(
     server: ServerHandle,

@@ -5,6 +5,9 @@ hostile or careless local client must not be able to tie up:
   made (or of the previous answer, on a kept-alive connection), else the connection is closed: uvicorn's own
   keep-alive timer is reset by every byte, so a client sending a byte a second would hold it for ever;
 - at most ``max_connections`` are open at once; one more is answered 503 (``too_many_connections``) at once;
+- those are the server owner's: another local user (the uid at the client's end, from /proc/net/tcp; the
+  key is the owner's alone, so theirs cannot authenticate anyway) holds at most ``OTHER_USERS`` connections
+  at once, all of them together, and never one of the owner's slots;
 - what h11 refuses as HTTP (a Content-Length that is not one whole number, two that differ, a header line
   that is not one) is answered with an OpenAI-style JSON error saying why, rather than uvicorn's plain text.
 
@@ -15,6 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import sys
 from http import HTTPStatus
 from typing import Any
 
@@ -29,6 +35,7 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+OTHER_USERS = 4  # connections other local users may hold at once, all together
 LINGER_S = 1.0  # how long a refused connection may stay open for its client to read the answer and close
 BAD_HTTP = (
     "the request is not valid HTTP/1.1; send one request line, header lines, and the JSON body with one "
@@ -49,12 +56,38 @@ class _Connection(h11.Connection):
             raise
 
 
+def _hex_v4(address: tuple[Any, ...]) -> str:
+    """An IPv4 (address, port) as /proc/net/tcp writes it: the address in host byte order, then the port."""
+    packed = socket.inet_aton(address[0])
+    return f"{int.from_bytes(packed, sys.byteorder):08X}:{address[1]:04X}"
+
+
+def peer_uid(peer: Any, local: Any) -> int | None:
+    """The uid of the process at the client's end of a loopback TCP connection (its socket's owner in
+    /proc/net/tcp: the line whose local end is ``peer`` and remote end ``local``); None where it cannot be
+    read (not Linux, not IPv4, gone already)."""
+    if not (isinstance(peer, tuple) and isinstance(local, tuple) and len(peer) == 2):
+        return None
+    try:
+        want = (_hex_v4(peer), _hex_v4(local))
+        with open("/proc/net/tcp", encoding="ascii") as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if (cols[1], cols[2]) == want:
+                    return int(cols[7])
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return None
+
+
 def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol class with these limits (uvicorn takes the class as ``http=``)."""
 
     class Protocol(H11Protocol):
         _headers_due: asyncio.TimerHandle | None = None
         _refused = False  # answered and closing: what else comes is dropped
+        _other = False  # the client runs as another local user
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -62,8 +95,22 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
             self.conn = _Connection(h11.SERVER) if size is None else _Connection(h11.SERVER, size)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            uid = peer_uid(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
+            self._other = uid is not None and uid != os.getuid()
             super().connection_made(transport)
-            if len(self.connections) > max_connections:
+            if self._other:
+                if sum(1 for c in self.connections if getattr(c, "_other", False)) > OTHER_USERS:
+                    self._refuse(
+                        503,
+                        error_body(
+                            f"another user's connections to this server are limited to {OTHER_USERS} at once",
+                            kind="server_error",
+                            code="too_many_connections",
+                        ),
+                        [(b"Retry-After", b"1")],
+                    )
+                    return
+            elif sum(1 for c in self.connections if not getattr(c, "_other", False)) > max_connections:
                 self._refuse(
                     503,
                     error_body(
