@@ -257,18 +257,13 @@ def check_key(key: str, objective: str = "sft") -> str | None:
 
 
 def yaml_number_hint(value: Any) -> str:
-    """PyYAML reads ``3e-4`` (no dot) as a string: say so, since the value looks right to a person."""
+    """A number given as text (quoted in YAML, or a string in a dict): say so, since it looks right."""
     if isinstance(value, str):
         try:
             float(value)
         except ValueError:
             return ""
-        fixed = (
-            value
-            if "." in value.split("e")[0].split("E")[0]
-            else value.replace("e", ".0e", 1).replace("E", ".0E", 1)
-        )
-        return f" (YAML reads {value} as text; write {fixed} so it is a number)"
+        return f" ({value!r} is text; write it as a number, without quotes)"
     return ""
 
 

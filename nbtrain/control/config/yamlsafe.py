@@ -11,6 +11,9 @@ Two more things ``yaml.safe_load`` does quietly are refused here: a key given tw
 keeps the last and drops the other), as ``DuplicateKeys`` naming both lines; and a syntax error is a
 ``YamlSyntax`` saying in plain words what is wrong and where (line and column, 1-based), instead of the
 parser's own terms ("mapping values are not allowed here", "expected <block end>").
+
+One thing is read as YAML 1.2 does, not 1.1: a number with an exponent and no dot (``2e-4``, ``1E5``) is a
+float, as a person (and the panel, and Python) reads it, not the text PyYAML's 1.1 rules make of it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, with YAML 1.2's floats: ``2e-4`` is 0.0002 (1.1 wants ``2.0e-4``)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 MAX_BYTES = 2**20  # a config or preset is a page of keys; data belongs in data files
 MAX_VALUES = 100_000  # keys, values and list items, counting every alias as what it expands to
@@ -351,7 +365,7 @@ def load_yaml(text: str) -> Any:
             f"YAML (a config is a page of keys: put rows in data files and point data: train: at them)"
         )
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _Loader(text)
     except yaml.YAMLError as e:  # the reader checks the characters first
         raise _plain(e, text) from None
     try:

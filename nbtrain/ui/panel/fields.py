@@ -71,8 +71,8 @@ _NUMBER = re.compile(r"^[-+]?(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 def parse_scalar(text: str) -> Any:
     """The value a scalar text box holds: UNSET when empty, else what YAML would read.
 
-    Python's number syntax is accepted too (``3e-4``; YAML 1.1 reads that as a string), because that
-    is what people type for a learning rate.
+    Python's number syntax is accepted too (``3e-4``, as a %%finetune cell reads it: YAML 1.2's floats),
+    because that is what people type for a learning rate.
     """
     s = text.strip()
     if not s:

@@ -195,11 +195,11 @@ def test_invalid_config_starts_nothing_and_writes_no_run_dir(workdir: Path) -> N
     assert nbtrain.runs() == []
 
 
-def test_exponent_without_a_dot_gets_a_yaml_hint(workdir: Path) -> None:
-    out = problems(lora_yaml().replace("3.0e-3", "3e-3") + "lora: {dropout: 5e-2}\n")
-    joined = "\n".join(out)
-    assert "YAML reads 3e-3 as text; write 3.0e-3" in joined
-    assert "YAML reads 5e-2 as text; write 5.0e-2" in joined
+def test_an_exponent_without_a_dot_is_a_number_as_yaml_1_2_and_the_panel_read_it(workdir: Path) -> None:
+    res = load_config(lora_yaml().replace("3.0e-3", "3e-3") + "lora: {dropout: 5e-2}\n")
+    assert res.config.train["learning_rate"] == 0.003 and res.config.lora.dropout == 0.05  # type: ignore[union-attr]
+    out = "\n".join(problems(lora_yaml().replace("3.0e-3", '"3e-3"')))  # quoted: text, and said so
+    assert "'3e-3' is text; write it as a number, without quotes" in out
 
 
 def test_a_model_path_in_an_unknown_users_home_is_a_problem_not_a_crash(workdir: Path) -> None:
