@@ -40,6 +40,17 @@ class _Parser(MagicArgumentParser):
             raise UsageError(message)
         raise _HelpShown
 
+    def error(self, message: str) -> NoReturn:
+        """argparse's complaint, in words: what a missing argument is (its help) and the usage."""
+        missing = message.removeprefix("the following arguments are required: ")
+        if missing != message:
+            helps = {a.dest: (a.help or "").replace("%%", "%") for a in self._actions}  # argparse's escapes
+            names = [n.strip() for n in missing.split(",")]
+            message = f"{self.prog} needs " + " and ".join(
+                f"{n} ({helps[n]})" if helps.get(n) else n for n in names
+            )
+        raise UsageError(f"{message}\n{self.format_usage().strip()}")
+
 
 def _parser(prog: str, description: str) -> _Parser:
     # The plain formatter: IPython's adds reST markup that reads badly in an error message.

@@ -237,3 +237,18 @@ def test_eval_export_and_tensorboard_verbs_refuse_bad_input_in_the_kernel(
     widget = [o for o in nb.cells[6].outputs if view in o.get("data", {})]
     assert len(widget) == 1 and error_of(nb.cells[6]) is None
     assert [p.name for p in (workdir / "taken").iterdir()] == ["f.txt"]
+
+
+def test_a_verb_without_its_argument_says_what_the_argument_is_not_argparses_words() -> None:
+    from IPython.core.error import UsageError
+
+    from nbtrain.ui.magics import verb_parser
+    from nbtrain.ui.verbs import VERBS
+
+    with pytest.raises(UsageError) as ei:
+        verb_parser(VERBS["preview"]).parse_args([])
+    assert str(ei.value).startswith("%finetune preview needs config (a .yaml config file, or a run")
+    assert "usage: %finetune preview" in str(ei.value) and "arguments are required" not in str(ei.value)
+    with pytest.raises(UsageError) as ei:
+        verb_parser(VERBS["estimate"]).parse_args([])
+    assert "(a .yaml config file (or use %%finetune --estimate with a YAML cell))" in str(ei.value)
