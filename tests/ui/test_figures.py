@@ -195,7 +195,7 @@ def test_title_shows_state_progress_elapsed_eta_and_last_loss(files: RunFiles) -
     assert "sft-demo" in title and "running" in title
     assert "step 10/100" in title
     assert "elapsed 2:05" in title
-    assert "ETA 1:30" in title  # 90 steps left at 1 step/s
+    assert "1 min 30 s left" in title  # 90 steps left at 1 step/s
     assert f"loss {3.0 / 10**0.5:.4f}" in title
     bar = [s for s in build_figure(polled(files), st).layout.shapes if s.name == "progress"]
     assert bar[0].x1 == pytest.approx(0.1)  # the progress bar under the title
@@ -207,7 +207,7 @@ def test_title_of_a_failed_run_shows_its_error_and_no_eta(files: RunFiles) -> No
     st = RunStatus("failed", step=4, max_steps=100, error=err, updated=files.t0 + 10)
     fig = build_figure(polled(files), st)
     title = fig.layout.title.text
-    assert "failed" in title and "ETA" not in title
+    assert "failed" in title and " left" not in title
     assert "elapsed 0:09" in title  # stops at the final status write
     (line,) = named(fig, "error")
     assert "OutOfMemoryError" in line.text and "&lt;tried 2 GiB&gt;" in line.text

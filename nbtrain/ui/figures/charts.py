@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 from nbtrain.contract.rundir import TERMINAL_STATES
 from nbtrain.control.memory import CUDA_CONTEXT_BYTES, NCCL_BYTES
 from nbtrain.control.runs.metrics import DEFAULT_CAP, MEMORY_KEYS, FloatArray, MetricsTail
-from nbtrain.ui.figures.clock import Clock, clock, duration, durations, ema
+from nbtrain.ui.figures.clock import Clock, clock, duration, durations, ema, remaining
 from nbtrain.ui.figures.theme import (
     AXIS_LINE,
     COLORS,
@@ -544,7 +544,7 @@ def header_parts(p: Progress) -> list[str]:
     if p.elapsed is not None:
         parts.append(f"elapsed {duration(p.elapsed)}")
     if p.eta is not None:
-        parts.append(f"ETA {duration(p.eta)}")
+        parts.append(remaining(p.eta))
     if p.loss is not None:
         parts.append(f"loss {fmt(p.loss)}")
     if p.eval_loss is not None:

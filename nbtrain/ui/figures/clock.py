@@ -148,6 +148,14 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+def remaining(seconds: float) -> str:
+    """Time left in words ("18 min 10 s left"): "ETA 18:10" reads like a clock time."""
+    s = max(0, round(seconds))
+    if s >= 3600:
+        return f"{s // 3600} h {s // 60 % 60:02d} min left"
+    return f"{s // 60} min {s % 60:02d} s left" if s >= 60 else f"{s} s left"
+
+
 def durations(seconds: FloatArray) -> list[str]:
     return [duration(v) + " elapsed" for v in seconds.tolist()]
 
