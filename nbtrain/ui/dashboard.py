@@ -239,6 +239,8 @@ class Dashboard:
                     trace = fig.data[self._index[spec.key]]
                     d = spec.data(frame)
                     trace.x, trace.y = d["x"], d["y"]
+                    if trace.mode != (mode := spec.mode(len(d["x"]))):
+                        trace.mode = mode
                     if "customdata" in d:
                         trace.customdata = d["customdata"]
                     self._versions[spec.key] = spec.version(frame)

@@ -432,3 +432,14 @@ def test_notebook_executed_headless_keeps_a_static_figure_of_the_final_state(tmp
     assert "cdn.plot.ly" in out["data"]["text/html"]
     assert nb.cells[1].outputs == []  # nothing from the thread leaked into the cell that was running
     assert nb.cells[2].outputs[0]["text"] == "True None\n"
+
+
+def test_the_live_view_shows_the_first_point_as_a_marker_then_a_line(
+    files: RunFiles, dash: Dashboard
+) -> None:
+    files.steps(1, 2)
+    dash.refresh()
+    assert list(trace(dash, "loss").x) == [1] and trace(dash, "loss").mode == "lines+markers"
+    files.steps(2, 3)
+    dash.refresh()
+    assert list(trace(dash, "loss").x) == [1, 2] and trace(dash, "loss").mode == "lines"

@@ -412,3 +412,13 @@ def test_every_nbtrain_figure_uses_the_one_theme(files: RunFiles) -> None:
     }
     for what, fig in figures.items():
         assert fig.layout.template == theme, what
+
+
+def test_a_single_point_is_drawn_as_a_marker_until_a_second_one_makes_a_line(files: RunFiles) -> None:
+    files.steps(1, 2)
+    fig = build_figure(polled(files), RunStatus("running", step=1, max_steps=100))
+    loss = by_key(fig)[("metric", "loss")]
+    assert list(loss.x) == [1] and loss.mode == "lines+markers"  # a line of one point draws nothing
+    files.steps(2, 4)
+    fig = build_figure(polled(files), RunStatus("running", step=3, max_steps=100))
+    assert by_key(fig)[("metric", "loss")].mode == "lines"

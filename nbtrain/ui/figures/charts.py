@@ -249,6 +249,10 @@ class TraceSpec:
         when = f"<span style='color:{MUTED}'> · %{{customdata}}</span>" if self.timed else ""
         return f"{html.escape(self.name)} <b>{value}</b>{when}<extra></extra>"
 
+    def mode(self, points: int) -> str:
+        """A line of one point draws nothing: until a second point comes, the point is a marker."""
+        return "lines+markers" if self.markers or points == 1 else "lines"
+
     def trace(self, frame: Frame) -> go.Scatter:
         d = self.data(frame)
         return go.Scatter(
@@ -256,9 +260,9 @@ class TraceSpec:
             y=d["y"],
             customdata=d.get("customdata") if self.timed else None,
             name=self.name,
-            mode="lines+markers" if self.markers else "lines",
+            mode=self.mode(len(d["x"])),
             line={"color": self.color, "dash": self.dash, "width": self.width},
-            marker={"size": 7, "color": self.color} if self.markers else None,
+            marker={"size": 7, "color": self.color},
             opacity=self.opacity,
             showlegend=self.showlegend,
             legend=LEGENDS.get(self.panel, "legend"),
