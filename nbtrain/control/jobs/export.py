@@ -47,8 +47,40 @@ class ExportResult:
         head = f"<export {self.kind} of run {rec.get('run_id')} in {self.dir} ({rec.get('dtype')}){pushed}>"
         return head + "\n" + gguf_table(rec.get("gguf") or {}) if self.kind.startswith("gguf") else head
 
+    def summary(self) -> list[tuple[str, str]]:
+        """What a person wants to know of the export, as (label, value) rows."""
+        rec = self.record
+        name = rec.get("run_name") or rec.get("run_id")
+        rows = [
+            ("run", f"{name} ({rec.get('run_id')}), step {rec.get('step')}"),
+            ("what", f"{self.kind}: {rec.get('method')} {rec.get('objective')} of {rec.get('base_model')}"),
+            ("where", str(self.dir)),
+        ]
+        if rec.get("dtype"):
+            rows.append(("precision", str(rec["dtype"])))
+        if self.files:
+            size = sum(p.stat().st_size for f in self.files if (p := self.dir / f).is_file())
+            rows.append(("files", f"{len(self.files)}, {size / 2**20:,.1f} MiB"))
+        if self.pushed:
+            rows.append(("on the Hub", self.pushed))
+        if not self.kind.startswith("gguf"):
+            how = "PeftModel.from_pretrained(base, DIR)" if self.kind == "adapter" else "from_pretrained(DIR)"
+            rows.append(("load it", f"{how}, or serve / chat on the run"))
+        return rows
+
     def _repr_html_(self) -> str:
-        return f"<pre>{html.escape(repr(self))}\n{html.escape(json.dumps(self.record, indent=2))}</pre>"
+        th = "<th style='text-align:left;padding-right:1em'>"
+        rows = self.summary()
+        cells = "".join(f"<tr>{th}{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+        gguf = self.record.get("gguf")
+        checks = ""
+        if self.kind.startswith("gguf") and gguf:
+            checks = f"<pre>{html.escape(gguf_table(gguf))}</pre>"
+        record = html.escape(json.dumps(self.record, indent=2))
+        return (
+            f"<b>nbtrain export</b><table>{cells}</table>{checks}<details><summary>the export's record "
+            f"(nbtrain_export.json)</summary><pre>{record}</pre></details>"
+        )
 
 
 def gguf_table(report: dict[str, Any]) -> str:

@@ -119,3 +119,21 @@ def test_the_kernel_side_imports_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_an_export_shows_as_a_readable_summary_with_its_record_folded_away(tmp_path: Path) -> None:
+    from nbtrain.control.jobs.export import ExportResult
+
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 3 * 2**20)
+    (tmp_path / "config.json").write_text("{}")
+    record = {"run_id": "20261205-sft-1a2b", "run_name": "identity", "step": 40, "method": "lora",
+              "objective": "sft", "base_model": "/models/smollm2", "dtype": "float32",
+              "kind": "merged"}  # fmt: skip
+    out = ExportResult(tmp_path, "merged", record, ["model.safetensors", "config.json"])
+    rows = dict(out.summary())
+    assert rows["run"] == "identity (20261205-sft-1a2b), step 40"
+    assert rows["what"] == "merged: lora sft of /models/smollm2" and rows["files"] == "2, 3.0 MiB"
+    assert rows["load it"].startswith("from_pretrained(DIR)")
+    page = out._repr_html_()
+    assert page.index("<table>") < page.index("<details>")  # the summary first, the raw record folded
+    assert "&quot;run_id&quot;: &quot;20261205-sft-1a2b&quot;" in page.split("<details>")[1]
