@@ -138,3 +138,47 @@ def compare_table(runs: Sequence[Run], key: str = "loss") -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as dotted keys; anything else (lists included) is one value."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def config_differences(runs: Sequence[Run]) -> pd.DataFrame:
+    """The settings in which ``runs`` differ, one row a setting and a column a run: their resolved configs,
+    with the trainer's arguments as the run used them (``train.*``, the plan's choices included) in place of
+    what the config's train: section said. Empty when every setting is the same."""
+    import json
+
+    import pandas as pd
+
+    def settings(r: Run) -> dict[str, Any]:
+        resolved = r.resolved
+        cfg = {k: v for k, v in (resolved.get("config") or {}).items() if k not in ("name", "train")}
+        return _flat({**cfg, "train": resolved.get("train_args") or {}})
+
+    names = [r.name for r in runs]
+    labels = [n if names.count(n) == 1 else f"{n} ({r.id})" for n, r in zip(names, runs, strict=True)]
+    flat = [settings(r) for r in runs]
+    rows = []
+    for key in sorted(set().union(*flat)):
+        values = [f.get(key, "-") for f in flat]
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1:
+            rows.append({"setting": key, **{lab: _shown(v) for lab, v in zip(labels, values, strict=True)}})
+    return pd.DataFrame(rows, columns=["setting", *labels])
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, float):
+        return number(v)
+    if isinstance(v, list | dict):
+        import json
+
+        return json.dumps(v, default=str)
+    return str(v)

@@ -295,13 +295,20 @@ def _launched_in_notebook(run: Run, a: Args) -> Run:
 
 
 def _compare_in_notebook(runs: list[Run], a: Args) -> Any:
+    """The chart, then the table of the settings the runs differ in."""
+    from IPython.display import display
+
     from nbtrain.ui.figures import compare_figure
 
-    return compare_figure(runs, key=a.key)
+    display(compare_figure(runs, key=a.key))
+    diff = ui_text.config_differences(runs)
+    return diff.set_index("setting") if len(diff) else "the runs' settings are the same"
 
 
 def _compare_in_terminal(runs: list[Run], a: Args) -> int:
     print(ui_text.compare_table(runs, a.key).to_string(index=False))
+    diff = ui_text.config_differences(runs)
+    print("\nsettings that differ:\n" + diff.to_string(index=False) if len(diff) else "\nthe same settings")
     return 0
 
 
@@ -633,7 +640,8 @@ TABLE: tuple[Verb, ...] = (
     ),
     Verb(
         "compare",
-        "Overlay the loss curves of several runs on one chart (a table in a terminal).",
+        "Overlay the loss curves of several runs on one chart (a table in a terminal), and list the "
+        "settings they differ in.",
         (
             arg("runs", nargs="+", help="two or more runs"),
             arg("--key", default="loss", help="the metric to compare (default loss)"),

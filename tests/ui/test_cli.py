@@ -92,7 +92,8 @@ def test_compare_prints_the_loss_of_each_run_side_by_side(
 ) -> None:
     p = cli("compare", str(tuned_run), str(qlora_run))
     assert p.returncode == 0, p.stderr
-    header, *rows = p.stdout.strip().splitlines()
+    table, _, differ = p.stdout.partition("\nsettings that differ:\n")
+    header, *rows = table.strip().splitlines()
     assert header.split()[:4] == ["id", "name", "state", "steps"] and "min loss at step" in header
     assert [r.split()[:4] for r in rows] == [
         [tuned_run.name, "tuned", "completed", "40"],
@@ -102,6 +103,9 @@ def test_compare_prints_the_loss_of_each_run_side_by_side(
         losses = _metric(run, "loss")
         first, last, lowest = (float(v) for v in row.split()[4:7])
         assert (first, last, lowest) == pytest.approx((losses[0], losses[-1], min(losses)), rel=1e-4)
+    # then the settings they differ in, one row each: the method, and not what they share (the model)
+    settings = {line.split()[0]: line.split()[1:] for line in differ.strip().splitlines()[1:]}
+    assert settings["method"] == ["lora", "qlora"] and "model" not in settings
     p = cli("compare", str(qlora_run), "--key", "eval_loss")
     assert p.returncode == 0 and "last eval_loss" in p.stdout
 
