@@ -81,7 +81,7 @@ class Run(_core.Run):
         return ChatWidget(self, compare_base=compare_base, **settings)
 
     # ------------------------------------------------------------------ evaluate, export, track
-    def evaluate(self, *, compare_base: bool = False, **kwargs: Any) -> EvalReport:
+    def evaluate(self, *, compare_base: bool = True, **kwargs: Any) -> EvalReport:
         """Held-out loss and perplexity (and lm-eval ``tasks=``) of this run's model; see nbtrain.evaluate."""
         from nbtrain.control.jobs.evaluate import evaluate
 

@@ -732,7 +732,12 @@ TABLE: tuple[Verb, ...] = (
         "Held-out loss and perplexity of a run (and lm-eval tasks).",
         (
             _run_arg(),
-            arg("--compare-base", action="store_true", help="measure the base model too, side by side"),
+            arg(
+                "--compare-base",
+                action=argparse.BooleanOptionalAction,
+                default=True,
+                help="measure the base model too, side by side (the default; --no-compare-base: tuned only)",
+            ),
             arg("--file", default=None, help="SFT data to measure on (default: the run's eval split)"),
             arg("--tasks", nargs="+", default=None, help="lm-eval task names, task YAML files or dirs"),
             arg("--limit", type=float, default=None, help="rows of data / per task (N or a fraction)"),

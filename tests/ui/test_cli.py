@@ -116,7 +116,8 @@ def test_eval_takes_the_batch_size(run_copy: Path, workdir: Path) -> None:
     p = cli("eval", str(run_copy), "--file", "data/add.jsonl", "--limit", "6", "--batch-size", "3")
     assert p.returncode == 0, p.stderr
     assert "held-out" in p.stdout and "perplexity" in p.stdout and "(saved in " in p.stdout
-    assert "--batch-size 3" in (run_copy / "logs" / "eval.log").read_text()
+    log = (run_copy / "logs" / "eval.log").read_text()
+    assert "--batch-size 3" in log and "--compare-base" in log  # base beside tuned unless told otherwise
 
 
 def _lines_until(proc: subprocess.Popen[str], pattern: str, timeout: float) -> str:

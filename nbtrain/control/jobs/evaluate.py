@@ -1,13 +1,13 @@
 """Evaluate a run (kernel side; the work is ``nbtrain.worker.jobs.evaluate`` in its own process).
 
-    report = nbtrain.evaluate(run, compare_base=True)               # or run.evaluate(...)
+    report = nbtrain.evaluate(run)               # or run.evaluate(...); compare_base=False: tuned only
     report.table(); report.figure()
-    %finetune eval RUN [--compare-base] [--file DATA] [--tasks T ...] [--limit N]
+    %finetune eval RUN [--no-compare-base] [--file DATA] [--tasks T ...] [--limit N]
 
-Held-out loss and perplexity on the run's eval split (or a data file), for the tuned model and, with
-``compare_base``, the base model; ``tasks`` adds lm-evaluation-harness tasks (names, or local task YAML
-files / directories). Each evaluation is kept in ``<run>/eval/<time>.json`` (and ``latest.json``);
-``latest_eval(run)`` reads the last one back without running anything.
+Held-out loss and perplexity on the run's eval split (or a data file), for the tuned model and, unless
+``compare_base=False``, the base model beside it; ``tasks`` adds lm-evaluation-harness tasks (names, or
+local task YAML files / directories). Each evaluation is kept in ``<run>/eval/<time>.json`` (and
+``latest.json``); ``latest_eval(run)`` reads the last one back without running anything.
 
     acc = nbtrain.accuracy(run, questions, answers)     # exact match of greedy answers, base and tuned
     acc.summary(); acc.table()                          # prompt, expected, before, after
@@ -95,9 +95,11 @@ class EvalReport:
                                text=[f"{vals[0]:.4g}"], textposition="auto"),
                         row=1, col=col,
                     )  # fmt: skip
-        src = self.data.get("data", {}).get("source", "")
-        title = f"evaluation of {self.data.get('run_id')} (step {self.data.get('step')}; {src})"
-        fig.update_layout(title=title, height=360, width=max(420, 260 * len(panels)), bargap=0.3)
+        src = str(self.data.get("data", {}).get("source", ""))
+        src = src if len(src) <= 70 else src[:30] + "…" + src[-39:]  # a long path would run off the figure
+        title = f"evaluation of {self.data.get('run_id')} at step {self.data.get('step')}<br><sup>{src}</sup>"
+        fig.update_layout(title=title, height=380, width=max(560, 260 * len(panels)), bargap=0.3,
+                          margin={"t": 90})  # fmt: skip
         return fig
 
     def __repr__(self) -> str:
@@ -122,14 +124,15 @@ def latest_eval(run: str | Path | Run) -> EvalReport:
 def evaluate(
     run: str | Path | Run,
     *,
-    compare_base: bool = False,
+    compare_base: bool = True,
     file: str | Path | None = None,
     tasks: list[str] | str | None = None,
     limit: float | None = None,
     batch_size: int = 8,
     timeout: float | None = None,
 ) -> EvalReport:
-    """Measure the run's model (and with ``compare_base`` its base) in a separate process; the report is
+    """Measure the run's model and (``compare_base``, the default) its base, side by side, in a separate
+    process (``compare_base=False``: the tuned model alone, half the time); the report is
     also stored in the run directory. ``limit``: rows of data and of each task (N, or a fraction < 1)."""
     r = get_run(run)
     problems = []
