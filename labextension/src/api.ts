@@ -9,6 +9,8 @@ export interface IRunInfo {
   id: string;
   name: string;
   run_dir: string;
+  // The model it trains: a Hub id, or a local folder's or file's name ("" when unknown).
+  model: string;
   // The folder holding the run directory, as shown: relative to the server's root ("runs"), or "~/...".
   folder: string;
   // When the run was created (seconds since the epoch).

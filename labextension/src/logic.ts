@@ -192,16 +192,34 @@ export interface IFilterable {
   name: string;
   state: string;
   folder?: string;
+  model?: string;
 }
 
-/** Whether a run matches the sidebar's filter box: every word of it, in its name, id, state or folder. */
+/** Whether a run matches the sidebar's filter box: every word of it, in its name, id, state, folder or
+ * model. */
 export function matchesFilter(run: IFilterable, query: string): boolean {
-  const hay = `${run.name} ${run.id} ${run.state} ${run.folder ?? ''}`.toLowerCase();
+  const hay = `${run.name} ${run.id} ${run.state} ${run.folder ?? ''} ${run.model ?? ''}`.toLowerCase();
   return query
     .toLowerCase()
     .split(/\s+/)
     .filter(w => w.length > 0)
     .every(w => hay.includes(w));
+}
+
+export interface IGroupable {
+  done: boolean;
+  resumable: boolean;
+}
+
+/** The sidebar's groups, each in the order given: runs going on; ended runs that Resume can continue
+ * (stopped, or failed with a checkpoint: a group that never folds, so the run you just stopped stays in
+ * sight); and the other ended ones. */
+export function groupRuns<T extends IGroupable>(runs: T[]): { active: T[]; resumable: T[]; finished: T[] } {
+  return {
+    active: runs.filter(r => !r.done),
+    resumable: runs.filter(r => r.done && r.resumable),
+    finished: runs.filter(r => r.done && !r.resumable)
+  };
 }
 
 /** More finished runs than this start folded away (until the user opens or closes the group). */

@@ -1,7 +1,8 @@
-// The "Training runs" panel: a filter box, then the active runs and the finished ones (a group that folds
-// away), one card per run with its name, state, id, start time and folder, progress, last loss, and the
-// actions its state allows (the others are hidden, not disabled): Stop while it is active, Checkpoint while
-// it trains; Resume where a stopped or failed run has a checkpoint to continue from, and Delete, once ended.
+// The "Training runs" panel: a filter box, then the active runs, the ones Resume can continue, and the other
+// finished ones (a group that folds away), one card per run with its name, state, id, start time and folder,
+// progress, last loss, and the actions its state allows (the others are hidden, not disabled): Stop while it
+// is active, Checkpoint while it trains; Resume where a stopped or failed run has a checkpoint to continue
+// from, and Delete, once ended.
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { caretDownIcon, deleteIcon, LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
@@ -10,6 +11,7 @@ import { IRunInfo, RunAction, runAction } from './api';
 import {
   FOLD_FINISHED_OVER,
   formatBytes,
+  groupRuns,
   matchesFilter,
   progressFraction,
   sparklinePath,
@@ -65,12 +67,13 @@ export class RunsSidebar extends Widget {
     this._filter = document.createElement('input');
     this._filter.type = 'search';
     this._filter.className = 'nbtrain-filter';
-    this._filter.placeholder = 'Filter by name, id or state';
+    this._filter.placeholder = 'Filter by name, model, id or state';
     this._filter.setAttribute('aria-label', 'Filter runs');
     this._filter.addEventListener('input', () => this._render());
     this._status = document.createElement('div');
     this._status.className = 'nbtrain-message';
     this._active = this._makeGroup('active', 'Active', false);
+    this._resumable = this._makeGroup('resumable', 'Can resume', false);
     this._finished = this._makeGroup('finished', 'Finished', true);
     this._gpus = document.createElement('div');
     this._gpus.className = 'nbtrain-gpus';
@@ -79,6 +82,7 @@ export class RunsSidebar extends Widget {
       this._filter,
       this._status,
       this._active.node,
+      this._resumable.node,
       this._finished.node,
       this._gpus
     );
@@ -118,7 +122,7 @@ export class RunsSidebar extends Widget {
 
   /** Finished runs start folded when there are many; a click on the group's head decides from then on. */
   private _isFolded(): boolean {
-    const finished = this._model.runs.filter(r => r.done).length;
+    const finished = groupRuns(this._model.runs).finished.length;
     return this._folded ?? finished > FOLD_FINISHED_OVER;
   }
 
@@ -126,8 +130,7 @@ export class RunsSidebar extends Widget {
     const model = this._model;
     const query = this._filter.value.trim();
     const shown = model.runs.filter(r => matchesFilter(r, query));
-    const active = shown.filter(r => !r.done);
-    const finished = shown.filter(r => r.done);
+    const { active, resumable, finished } = groupRuns(shown);
     this._status.textContent = model.error
       ? `Cannot reach the nbtrain server extension: ${model.error}`
       : model.runs.length === 0
@@ -139,6 +142,7 @@ export class RunsSidebar extends Widget {
     // While filtering, finished runs that match are shown even when the group is folded.
     const folded = !query && this._isFolded();
     this._fill(this._active, active, false);
+    this._fill(this._resumable, resumable, false);
     this._fill(this._finished, finished, folded);
     this._finished.head.setAttribute('aria-expanded', String(!folded));
     this._finished.node.classList.toggle('nbtrain-folded', folded);
@@ -359,6 +363,7 @@ export class RunsSidebar extends Widget {
   private _filter: HTMLInputElement;
   private _status: HTMLDivElement;
   private _active: IGroup;
+  private _resumable: IGroup;
   private _finished: IGroup;
   private _gpus: HTMLDivElement;
   private _folded: boolean | null = null;

@@ -8,6 +8,7 @@ import {
   gpuTooltip,
   keysFor,
   KeyMap,
+  groupRuns,
   matchesFilter,
   objectiveOf,
   parentPath,
@@ -123,6 +124,27 @@ test('the filter matches every word in the name, id, state or folder', () => {
   assert.ok(matchesFilter(run, 'lora stopped'));
   assert.ok(matchesFilter(run, 'ab12'));
   assert.ok(!matchesFilter(run, 'lora running'));
+});
+
+test('the filter matches the model a run trains too', () => {
+  const run = { id: 'r-1', name: 'identity', state: 'running', folder: 'runs', model: 'SmolLM2-135M-Instruct' };
+  assert.ok(matchesFilter(run, 'smollm2'));
+  assert.ok(matchesFilter(run, 'identity smollm2'));
+  assert.ok(!matchesFilter(run, 'qwen'));
+});
+
+test('runs Resume can continue get a group of their own between the active and the finished ones', () => {
+  const runs = [
+    { id: 'a', done: false, resumable: false },
+    { id: 'b', done: true, resumable: true },
+    { id: 'c', done: true, resumable: false },
+    { id: 'd', done: true, resumable: true }
+  ];
+  const g = groupRuns(runs);
+  assert.deepEqual(
+    [g.active, g.resumable, g.finished].map(xs => xs.map(r => r.id)),
+    [['a'], ['b', 'd'], ['c']]
+  );
 });
 
 test('the GPU tooltip says there is no NVIDIA GPU instead of NVML error text', () => {

@@ -70,17 +70,19 @@ def test_sidebar_lists_groups_filters_stops_resumes_and_deletes_runs(
         expect(starting.locator(".nbtrain-steps")).to_have_text(
             "downloading model org/big 3.1 / 15.2 GB, 40.0 MB/s"
         )
-        # Active runs first, then the finished ones; newest first in each group.
+        # Active runs first, then the ones Resume can continue (the stopped one), then the other finished
+        # ones; newest first in each group.
         ids = page.locator(".nbtrain-run").evaluate_all("rows => rows.map(r => r.dataset.runId)")
         assert ids == [
             "20250101-000002-hub-cafe",
             "20250101-000000-demo-abcd",
-            "20250102-100000-sweep-bbbb",
             "20250102-090000-sweep-aaaa",
+            "20250102-100000-sweep-bbbb",
             "20250101-000001-done-beef",
         ]
         expect(page.locator(".nbtrain-group-active .nbtrain-group-count")).to_have_text("2")
-        expect(page.locator(".nbtrain-group-finished .nbtrain-group-count")).to_have_text("3")
+        expect(page.locator(".nbtrain-group-resumable .nbtrain-group-count")).to_have_text("1")
+        expect(page.locator(".nbtrain-group-finished .nbtrain-group-count")).to_have_text("2")
 
         # What a card says: its id, when it started and the folder it is in.
         stopped, failed = card("20250102-090000-sweep-aaaa"), card("20250102-100000-sweep-bbbb")
@@ -113,7 +115,7 @@ def test_sidebar_lists_groups_filters_stops_resumes_and_deletes_runs(
         page.screenshot(path=str(shots / "sidebar.png"))
         page.locator("#nbtrain-runs").screenshot(path=str(shots / "sidebar-panel.png"))
 
-        # Filter: every word must match (name, id, state or folder).
+        # Filter: every word must match (name, id, state, folder or model).
         box = page.locator(".nbtrain-filter")
         box.fill("sweep")
         expect(page.locator(".nbtrain-run")).to_have_count(2)
@@ -128,6 +130,7 @@ def test_sidebar_lists_groups_filters_stops_resumes_and_deletes_runs(
         toggle.click()
         expect(done).to_be_hidden()
         expect(row).to_be_visible()
+        expect(stopped).to_be_visible()  # the run you stopped stays in sight: Resume is one click away
         page.screenshot(path=str(shots / "sidebar-folded.png"))
         toggle.click()
         expect(done).to_be_visible()

@@ -165,6 +165,15 @@ def _resume_note(run: Run, st: RunStatus) -> str | None:
     return None if ckpt is not None else "no checkpoint saved"  # (only complete ones count)
 
 
+def _model_name(run: Run) -> str:
+    """The model a run trains as the sidebar shows it: a Hub id as it is, a folder or file by its name."""
+    try:
+        model = str((run.resolved.get("config") or {}).get("model") or "")
+    except (NbtrainError, OSError, ValueError, AttributeError):
+        return ""
+    return Path(model).name if model.startswith(("/", ".", "~")) else model
+
+
 def _status_dict(run: Run, row: registry.Row, st: RunStatus) -> dict[str, Any]:
     problems: list[str] = []  # files of the run that cannot be read (the rest of it still shows)
     try:
@@ -177,6 +186,7 @@ def _status_dict(run: Run, row: registry.Row, st: RunStatus) -> dict[str, Any]:
         "id": run.id,
         "name": run.name,
         "run_dir": str(run.dir),
+        "model": _model_name(run),
         "folder": _folder(run.dir),
         "created": row.created,
         "resumable": resume_note is None,
@@ -200,6 +210,7 @@ def _unreadable(row: registry.Row, e: Exception) -> dict[str, Any]:
         "id": row.id,
         "name": row.name,
         "run_dir": row.run_dir,
+        "model": "",
         "folder": _folder(Path(row.run_dir)),
         "created": row.created,
         "resumable": False,

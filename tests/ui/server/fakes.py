@@ -19,6 +19,7 @@ def make_run(
     name: str | None = None,
     checkpoint: int | None = None,
     created: float | None = None,
+    model: str | None = None,
 ) -> RunPaths:
     """A registered run directory as a worker leaves it: resolved.json, status.json, metrics, a log, and
     with ``checkpoint`` a complete (marked) ``checkpoints/checkpoint-N``."""
@@ -26,7 +27,8 @@ def make_run(
     paths = RunPaths(root)
     paths.make()
     name = name or run_id.split("-")[0]
-    atomic_write_json(paths.resolved, {"id": run_id, "name": name, "config": {}})
+    config = {"model": model} if model else {}
+    atomic_write_json(paths.resolved, {"id": run_id, "name": name, "config": config})
     write_status(paths, state, step=step, max_steps=10)
     if checkpoint is not None:
         ckpt = paths.checkpoints / f"checkpoint-{checkpoint}"

@@ -72,6 +72,14 @@ async def test_runs_lists_state_progress_and_last_loss(jp_fetch: Fetch) -> None:
     assert first["losses"] == [2.0, 1.5, 1.25] and second["losses"] == []
 
 
+async def test_runs_name_the_model_each_trains_a_folder_by_its_name(jp_fetch: Fetch) -> None:
+    make_run("hub-1", model="HuggingFaceTB/SmolLM2-135M-Instruct")
+    make_run("local-2", model="/home/me/models/tiny-llama")
+    make_run("none-3")
+    runs = {r["id"]: r["model"] for r in await get_json(jp_fetch, "runs")}
+    assert runs == {"hub-1": "HuggingFaceTB/SmolLM2-135M-Instruct", "local-2": "tiny-llama", "none-3": ""}
+
+
 async def test_runs_skips_registered_runs_whose_directory_was_deleted(jp_fetch: Fetch) -> None:
     paths = make_run("gone-1")
     make_run("kept-1")
