@@ -647,7 +647,10 @@ def test_to_cell_without_the_lab_extension_falls_back_to_the_next_input_and_says
 ) -> None:
     p = make_panel(lora_yaml(3))
     assert "finetune" not in shell.magics_manager.magics["cell"]
+    busy: list[tuple[bool, str]] = []
+    p.to_cell_button.observe(lambda ch: busy.append((ch["new"], p.to_cell_button.description)), "disabled")
     p.to_cell_button.click()
+    assert busy == [(True, "To cell…"), (False, "To cell")]  # greyed and saying so while it works
     assert p.general_errors == []
     text = shell.rl_next_input
     assert text == "%%finetune\n" + p.to_yaml()

@@ -764,6 +764,17 @@ class ConfigPanel:
             self._frontend = True
 
     def _to_cell(self) -> None:
+        # the first time it loads the magics (a few seconds on a cold kernel): the button says it is busy
+        button = self.to_cell_button
+        button.description = "To cell…"
+        button.disabled = True
+        try:
+            self._insert_cell()
+        finally:
+            button.description = "To cell"
+            button.disabled = False
+
+    def _insert_cell(self) -> None:
         from IPython import get_ipython
 
         shell = get_ipython()
