@@ -231,7 +231,7 @@ def test_eval_export_and_tensorboard_verbs_refuse_bad_input_in_the_kernel(
     err = error_of(nb.cells[3])
     assert err is not None and "report_to: [tensorboard]" in err[1]
     err = error_of(nb.cells[4])
-    assert err is not None and "the following arguments are required: run" in err[1], err
+    assert err is not None and "%finetune export needs run (run id, unique id prefix, name" in err[1], err
     assert text_of(nb.cells[5]).strip() == "[]"
     view = "application/vnd.jupyter.widget-view+json"
     widget = [o for o in nb.cells[6].outputs if view in o.get("data", {})]
