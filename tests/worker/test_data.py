@@ -190,7 +190,9 @@ def test_packing_removes_the_padding_and_keeps_the_answer_only_mask(
     assert 0 < int(trained.sum()) < batch["input_ids"].numel() / 2  # the prompts stay masked when packed
 
 
-def test_an_image_row_names_its_row_when_the_image_is_missing_corrupt_or_unreachable(tmp_path: Path) -> None:
+def test_an_image_row_names_its_row_when_the_image_is_missing_corrupt_or_unreachable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import http.server
     import threading
 
@@ -208,6 +210,7 @@ def test_an_image_row_names_its_row_when_the_image_is_missing_corrupt_or_unreach
     handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("NBTRAIN_IMAGE_HOSTS", "127.0.0.1")  # the test's server, on loopback: trusted here
     try:
         url = f"http://127.0.0.1:{server.server_port}"
         fetched = image_entry(f"{url}/ok.png", None, "row 4")
