@@ -98,30 +98,17 @@ def protocol(request_timeout: float, max_connections: int) -> type[H11Protocol]:
             uid = peer_uid(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
             self._other = uid is not None and uid != os.getuid()
             super().connection_made(transport)
-            if self._other:
-                if sum(1 for c in self.connections if getattr(c, "_other", False)) > OTHER_USERS:
-                    self._refuse(
-                        503,
-                        error_body(
-                            f"another user's connections to this server are limited to {OTHER_USERS} at once",
-                            kind="server_error",
-                            code="too_many_connections",
-                        ),
-                        [(b"Retry-After", b"1")],
-                    )
-                    return
-            elif sum(1 for c in self.connections if not getattr(c, "_other", False)) > max_connections:
-                self._refuse(
-                    503,
-                    error_body(
-                        f"the server has {max_connections} connections open; retry shortly",
-                        kind="server_error",
-                        code="too_many_connections",
-                    ),
-                    [(b"Retry-After", b"1")],
-                )
+            # the owner's connections and other users' are counted apart: theirs never take one of the owner's
+            same = sum(1 for c in self.connections if getattr(c, "_other", False) == self._other)
+            if self._other and same > OTHER_USERS:
+                why = f"another user's connections to this server are limited to {OTHER_USERS} at once"
+            elif not self._other and same > max_connections:
+                why = f"the server has {max_connections} connections open; retry shortly"
+            else:
+                self._arm()
                 return
-            self._arm()
+            body = error_body(why, kind="server_error", code="too_many_connections")
+            self._refuse(503, body, [(b"Retry-After", b"1")])
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
