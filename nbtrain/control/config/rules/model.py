@@ -53,7 +53,12 @@ def check_model(spec: str, facts: Facts, probs: Problems, gguf_file: Any = None)
         )
     elif looks_like_path or not HUB_MODEL.match(spec) or is_gguf(spec):
         close = difflib.get_close_matches(path.name, facts.neighbours(path), n=1, cutoff=0.6)
-        hint = f"; did you mean '{path.parent / close[0]}'?" if close else ""
+        # the suggestion as the config writes the path (./models/x stays relative); where it looked, in full
+        written = spec.rstrip("/")
+        head = written[: len(written) - len(path.name)] if written.endswith(path.name) else None
+        hint = ""
+        if close:
+            hint = f"; did you mean '{head + close[0] if head is not None else path.parent / close[0]}'?"
         probs.add(("model",), f"model path not found: {path}{hint}")
     return "hub"
 
