@@ -142,7 +142,6 @@ class RequestReader:
     def __init__(self, sock: socket.socket, seconds: float = REQUEST_SECONDS) -> None:
         self.sock = sock
         self.deadline = time.monotonic() + seconds
-        self.seconds = seconds
         self.fds: list[int] = []
         self.data = bytearray()
         self.size: int | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -154,8 +155,6 @@ def config_differences(runs: Sequence[Run]) -> pd.DataFrame:
     """The settings in which ``runs`` differ, one row a setting and a column a run: their resolved configs,
     with the trainer's arguments as the run used them (``train.*``, the plan's choices included) in place of
     what the config's train: section said. Empty when every setting is the same."""
-    import json
-
     import pandas as pd
 
     def settings(r: Run) -> dict[str, Any]:
@@ -178,7 +177,5 @@ def _shown(v: Any) -> str:
     if isinstance(v, float):
         return number(v)
     if isinstance(v, list | dict):
-        import json
-
         return json.dumps(v, default=str)
     return str(v)
