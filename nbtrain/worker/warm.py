@@ -102,6 +102,9 @@ def preload() -> list[str]:
     return failed
 
 
+HIGH = 1000  # a forked child's own descriptors wait at this number and up while it places the passed ones
+
+
 def refusal(request: dict[str, Any], key: str, started_stamp: str) -> str | None:
     """Why this request must start cold, or None."""
     argv = request.get("argv")
@@ -111,6 +114,11 @@ def refusal(request: dict[str, Any], key: str, started_stamp: str) -> str | None
         return f"another interpreter ({argv[0]})"
     if argv[2] not in proto.SERVED:
         return f"{argv[2]} is not served warm"
+    numbers = request.get("fds") or []
+    if not (isinstance(numbers, list) and all(type(n) is int and 3 <= n < HIGH for n in numbers)):
+        return f"the descriptor numbers asked for are not all from 3 to {HIGH - 1}"
+    if len(set(numbers)) != len(numbers):
+        return "a descriptor number is asked for twice"
     env = request.get("env")
     if not isinstance(env, dict) or proto.env_key(env) != key:
         return "its environment differs from the warm process's where libraries read it at import"
@@ -147,10 +155,13 @@ def _child(
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        # the descriptors: out of the way first, then under the numbers asked for
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1000) for fd in fds]
-        for fd in fds:
+        # the descriptors, the ready pipe's too: out of the way first (numbers at HIGH and up, which no
+        # request may ask for), then under the numbers asked for: one of those may be the pipe's number here
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, HIGH) for fd in fds]
+        moved = fcntl.fcntl(ready, fcntl.F_DUPFD_CLOEXEC, HIGH)
+        for fd in [*fds, ready]:
             os.close(fd)
+        ready = moved
         log, passed = high[0], high[1:]
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -236,6 +247,8 @@ def answer(
         why = refusal(request, key, started_stamp)
         if why is None and not fds:
             why = "no log descriptor"
+        if why is None and len(fds) != 1 + len(request.get("fds") or []):
+            why = f"{len(fds) - 1} descriptors came for {len(request.get('fds') or [])} numbers"
         if why is None and threads() != 1:
             why = f"the warm process has {threads()} threads (it forks only with one)"
         if why is not None:

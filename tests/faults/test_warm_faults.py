@@ -144,3 +144,36 @@ def test_forty_starts_at_once_beside_a_stalled_client_are_all_forked_warm_withou
         log.close()
     cold = [r for r in results if not isinstance(r, warmclient.WarmChild)]
     assert cold == [] and len({r.pid for r in results}) == 40  # type: ignore[union-attr]
+
+
+def test_a_passed_descriptor_asked_for_under_any_number_is_forked_warm(
+    tmp_path: Path, warm_processes: Path
+) -> None:
+    """A child places the descriptors it was passed under the numbers its client asked for. One of those
+    numbers may be the one its ready pipe has in the warm process: that start was answered "did not start"
+    while the child trained on, so the cold start beside it found the run's lock held (seen in CI). Every
+    number from 3 to 40 is asked for here, so whatever the pipe's number, one request names it."""
+    import socket
+
+    from nbtrain.contract import warm as proto
+    from nbtrain.control.launch import process
+
+    ready = wait_ready()
+    env = {**os.environ, **process.job_env()}
+    argv = [sys.executable, "-m", "nbtrain.worker.jobs.preview"]  # no arguments: it exits at once
+    answers: dict[int, dict] = {}
+    with open(tmp_path / "jobs.log", "ab") as log, open(tmp_path / "passed", "wb") as passed:
+
+        def ask(numbers: list[int]) -> dict:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(ready["socket"])
+                request = {"argv": argv, "cwd": str(tmp_path), "env": env, "fds": numbers}
+                proto.send_request(s, request, [log.fileno()] + [passed.fileno()] * len(numbers))
+                s.settimeout(30)
+                return proto.recv_reply(s)
+
+        for number in range(3, 41):
+            answers[number] = ask([number])
+        too_high, twice = ask([1000]), ask([5, 5])
+    assert {n: a for n, a in answers.items() if "pid" not in a} == {}
+    assert "not all from 3 to 999" in too_high["cold"] and "asked for twice" in twice["cold"]

@@ -266,7 +266,12 @@ def test_preemption_requeues_a_requeue_auto_run_which_goes_on_and_ends_a_requeue
     assert words.startswith(
         (f"SLURM requeued job {job} (restart 1)", f"SLURM job {job} started again (restart 1)")
     )
-    assert slurm.query(urgent, fresh=True).state in ("RUNNING", "COMPLETED", "COMPLETING")  # type: ignore[union-attr]
+    # the urgent job runs once both preempted jobs have let go of their nodes (a checkpoint may take a while)
+    until(
+        lambda: slurm.query(urgent, fresh=True).state in ("RUNNING", "COMPLETED", "COMPLETING"),  # type: ignore[union-attr]
+        60,
+        "the urgent job running",
+    )
     st = goes_on.wait(timeout=300)
     assert st.state == "completed", goes_on.failure_report(st)
     assert slurm.query(job_of(goes_on), fresh=True).restarts >= 1  # type: ignore[union-attr]
