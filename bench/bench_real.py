@@ -18,6 +18,8 @@ and the machine's limit, so each system's model FLOP utilisation (MFU) can be re
   So both do the same useful work per step (the rows' tokens) and pay the same padding. The loop is also
   run on a fixed batch of 8 rows of exactly the mean length (``bare_peft_unpadded``): no padding at all,
   the ceiling that packing the rows would approach; reported beside, not the yardstick.
+- Every system runs watched alike: its process tree's peak RSS sampled every 50 ms from this process
+  (until 2026-12-06 the bare loop ran unwatched, so it trained on 2 cores that nothing else used).
 - The answers-only job (``nbtrain_answers``, ``bare_peft_answers``): the same job with ``train:
   assistant_only_loss: true``, the loss on the assistant's answer only (the template's system turn and the
   question masked), and the bare loop labelling the prompt's tokens -100 as a minimal program does. Both
@@ -143,15 +145,26 @@ def run_bare_peft(
     """The loop on the job's rows (``rows``), or on one unpadded batch of ``length`` tokens (None); with
     ``answers_only`` the prompt's tokens are labelled -100 (the model still computes their logits, as a
     minimal loop does)."""
+    import psutil
+
+    from bench.bench_overhead import watch
+
     script = work / "bare_peft.py"
     script.write_text(BARE_PEFT)
     argv = [sys.executable, str(script), str(resolved), str(length), str(steps), ",".join(targets),
             "unpadded" if rows is None else str(rows), "answers" if answers_only else "all"]  # fmt: skip
-    out = subprocess.run(argv, capture_output=True, text=True, check=False)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")), None)
+    # watched as every other system is (its peak memory sampled every 50 ms while it runs): the sampling
+    # takes a little of the 2 cores from whatever trains, so a loop left unwatched would be measured
+    # under lighter load than the systems it is compared with
+    log = work / "bare_peft.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        peak = watch(psutil.Process(proc.pid), lambda: proc.poll() is not None)
+    text = log.read_text()
+    line = next((ln for ln in text.splitlines() if ln.startswith("RESULT")), None)
     if line is None:
-        raise RuntimeError(f"the bare peft loop failed:\n{out.stderr[-3000:]}")
-    return dict(json.loads(line.removeprefix("RESULT ")))
+        raise RuntimeError(f"the bare peft loop failed:\n{text[-3000:]}")
+    return {**json.loads(line.removeprefix("RESULT ")), "peak_rss": peak}
 
 
 def token_facts(model: Path, data: Path) -> float:
