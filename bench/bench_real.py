@@ -19,7 +19,7 @@ and the machine's limit, so each system's model FLOP utilisation (MFU) can be re
   run on a fixed batch of 8 rows of exactly the mean length (``bare_peft_unpadded``): no padding at all,
   the ceiling that packing the rows would approach; reported beside, not the yardstick.
 - Every system runs watched alike: its process tree's peak RSS sampled every 50 ms from this process
-  (until 2026-12-06 the bare loop ran unwatched, so it trained on 2 cores that nothing else used).
+  (before 2026-12-05 20:40 the bare loop ran unwatched, so it trained on 2 cores that nothing else used).
 - The answers-only job (``nbtrain_answers``, ``bare_peft_answers``): the same job with ``train:
   assistant_only_loss: true``, the loss on the assistant's answer only (the template's system turn and the
   question masked), and the bare loop labelling the prompt's tokens -100 as a minimal program does. Both
