@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from nbtrain.contract.errors import ConfigError, NbtrainError, Problem, RunNotFo
 from nbtrain.contract.notebook import notebook_namespace
 from nbtrain.contract.objectives import rewards_objectives
 from nbtrain.control.config import trainargs
+from nbtrain.control.config.datacheck import count_rows
 from nbtrain.control.config.load import load_config
 from nbtrain.control.config.preset import Preset, find_preset
 from nbtrain.control.config.problems import problems_error
@@ -221,7 +223,7 @@ def prepare(
     if res.config.vision is not None and "max_length" not in res.config.train:
         args["max_length"] = None  # TRL would cut a long row inside its image tokens: the row's own length
     if preset is not None:
-        violations += preset_args_problems(preset, args, plan.world_size, res.config.objective)
+        violations += preset_args_problems(preset, args, plan.world_size, res)
         if enforce_preset:
             refused += violations
         else:
@@ -445,17 +447,17 @@ def _plan_problems(preset: Preset, res: Resolved, plan: Plan) -> Items:
     return items
 
 
-def preset_args_problems(
-    preset: Preset, args: Mapping[str, Any], world_size: int, objective: str = "sft"
-) -> Items:
+def preset_args_problems(preset: Preset, args: Mapping[str, Any], world_size: int, res: Resolved) -> Items:
     """The compute cap (rule 'max_train_examples') of every preset in force, against the train args the
-    run will use: examples seen = max_steps x effective batch (per-device batch x gradient accumulation x
-    processes)."""
+    run will use: the rows it reads = max_steps x effective batch (per-device batch x gradient
+    accumulation x processes), plus each evaluation's rows. Packing puts an unknown number of rows in each
+    sequence, and an eval set whose size cannot be counted before the start cannot be capped: both are
+    refused under the cap."""
     items: Items = []
-    fields = trainargs.fields_for(objective)
+    fields = trainargs.fields_for(res.config.objective)
 
     def value(key: str) -> Any:
-        return args[key] if key in args else fields[key].default
+        return args[key] if key in args else (fields[key].default if key in fields else None)
 
     for p in preset.chain():
         cap = p.max_train_examples
@@ -468,33 +470,85 @@ def preset_args_problems(
         )
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in (micro, accum, steps)):
             continue  # refused by the field checks
+        rule = f"{p.where} caps training at {cap} rows (rule 'max_train_examples')"
+        if value("packing") is True:
+            items.append((("train", "packing"), (
+                f"packing: true lays several rows into each sequence of the batch, so how many rows this "
+                f"run reads is not known before it starts, and {rule}: leave packing out"
+            )))  # fmt: skip
+            continue
         batch = micro * accum * world_size
         how = (
             f"effective batch {batch} = per_device_train_batch_size {micro} x gradient_accumulation_steps "
             f"{accum} x {world_size} process(es)"
         )
+        evals = evaluation_rows(res, value, steps, batch)
+        if evals is None:
+            items.append((("data", "eval" if res.config.data.eval else "eval_split"), (
+                f"this run evaluates on rows nbtrain cannot count before it starts, and {rule}, which "
+                f"counts evaluation too: give data: eval_split as a number of rows (e.g. 50), or an eval "
+                f"file in JSON Lines, CSV or JSON"
+            )))  # fmt: skip
+            continue
+        n_evals, eval_rows = evals
+        reading = steps * batch + n_evals * eval_rows
+        also = f" + {n_evals} evaluation(s) x {eval_rows} rows" if n_evals * eval_rows else ""
+        room = cap - n_evals * eval_rows
         fix = (
-            f"set train: max_steps to at most {cap // batch}"
-            if cap >= batch
-            else f"lower the batch to at most {cap} examples a step"
+            f"set train: max_steps to at most {room // batch}"
+            if room >= batch
+            else f"lower the batch to at most {max(room, 0)} rows a step"
         )
+        if n_evals * eval_rows and room < cap // 2:
+            fix += ", or evaluate less often (train: eval_steps) on fewer rows (data: eval_split)"
         if steps < 1:
             items.append(
                 (
                     ("train", "max_steps"),
-                    f"max_steps {steps} trains for num_train_epochs, uncapped, but {p.where} caps "
-                    f"training at {cap} examples (rule 'max_train_examples'; {how}): {fix}",
+                    f"max_steps {steps} trains for num_train_epochs, uncapped, but {rule}; {how}: {fix}",
                 )
             )
-        elif steps * batch > cap:
+        elif reading > cap:
             items.append(
                 (
                     ("train", "max_steps"),
-                    f"this run trains on {steps * batch} examples (max_steps {steps} x {how}), over the cap "
-                    f"of {p.where} (rule 'max_train_examples'); allowed: at most {cap}: {fix}",
+                    f"this run reads {reading} rows (max_steps {steps} x {how}{also}), over the cap of "
+                    f"{p.where} (rule 'max_train_examples'); allowed: at most {cap}: {fix}",
                 )
             )
     return items
+
+
+def evaluation_rows(
+    res: Resolved, value: Callable[[str], Any], steps: int, batch: int
+) -> tuple[int, int] | None:
+    """(evaluations in the run, rows each reads) as the Trainer will run them; None when the eval rows
+    cannot be counted before the start."""
+    strategy = value("eval_strategy")
+    if strategy in (None, "no") or steps < 1:
+        return (0, 0)
+    d = res.config.data
+    train_rows = None if len(res.train_sources) > 1 else count_rows(res.train_data)  # a mix: its weights
+    if train_rows is not None and d.max_samples:
+        train_rows = min(train_rows, d.max_samples)
+    if d.eval is not None:
+        rows = count_rows(res.eval_data) if res.eval_data is not None else None
+    elif isinstance(d.eval_split, int):
+        rows = d.eval_split
+    elif isinstance(d.eval_split, float) and train_rows is not None:
+        rows = math.ceil(train_rows * d.eval_split)
+        train_rows -= rows
+    else:
+        return None if d.eval_split else (0, 0)
+    if rows is None:
+        return None
+    if strategy == "epoch":  # once per pass over the rows: as many passes as max_steps makes
+        if not train_rows:
+            return None
+        return (math.ceil(steps * batch / train_rows), rows)
+    every = value("eval_steps") or value("logging_steps") or 500
+    interval = math.ceil(steps * every) if every < 1 else int(every)  # below 1: a fraction of the run
+    return (steps // max(1, interval), rows)
 
 
 def check_resumed(prep: Prepared, resolved: Mapping[str, Any], where: Path) -> None:
@@ -513,7 +567,7 @@ def check_resumed(prep: Prepared, resolved: Mapping[str, Any], where: Path) -> N
         config = resolved.get("config")
         raw = {**(config if isinstance(config, Mapping) else {}), "train": dict(args)}
         items += [i for i in prep.preset.config_problems(raw, Path.cwd()) if i[0][:1] == ("train",)]
-        items += preset_args_problems(prep.preset, args, prep.plan.world_size, prep.resolved.config.objective)
+        items += preset_args_problems(prep.preset, args, prep.plan.world_size, prep.resolved)
     if items:
         raise ConfigError(
             [

@@ -279,6 +279,33 @@ def test_compute_cap_counts_effective_batch_times_steps(workdir: Path) -> None:
     assert "rule 'max_train_examples'" in epochs.message
 
 
+def test_compute_cap_counts_every_evaluation_and_refuses_what_it_cannot_count(workdir: Path) -> None:
+    """The rows a run reads are its steps' and its evaluations': 20 steps x 4 = 80, and eval_steps 0.2 of
+    the run is an evaluation every 4 steps, 5 of 20 held-out rows each = 100 more. Packing and an eval set
+    whose size is not known before the start cannot be counted, so they are refused under the cap."""
+    write_preset(workdir, "max_train_examples: 150\n")
+    assert validate(lora_yaml(20)) == []  # 80 rows
+    with_eval = lora_yaml(20).replace("  format: auto\n", "  format: auto\n  eval_split: 20\n")
+    p = problem_at(with_eval, "train.max_steps")
+    assert "reads 180 rows" in p.message and "5 evaluation(s) x 20 rows" in p.message, p.message
+    assert "set train: max_steps to at most 12" in p.message and "evaluate less often" in p.message  # 50 // 4
+    # a fraction of the file's rows, counted: 10% of data/add.jsonl
+    rows = sum(1 for line in (workdir / "data" / "add.jsonl").read_text().splitlines() if line.strip())
+    frac = lora_yaml(20).replace("  format: auto\n", "  format: auto\n  eval_split: 0.5\n")
+    held = -(-rows // 2)
+    assert f"5 evaluation(s) x {held} rows" in problem_at(frac, "train.max_steps").message
+    packed = problem_at(lora_yaml(5, extra="  packing: true\n"), "train.packing")
+    assert "rule 'max_train_examples'" in packed.message and "leave packing out" in packed.message
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    first = json.loads((workdir / "data" / "add.jsonl").read_text().splitlines()[0])
+    pq.write_table(pa.Table.from_pylist([first] * 3), workdir / "eval.parquet")
+    unknown = lora_yaml(5).replace("  format: auto\n", "  format: auto\n  eval: eval.parquet\n")
+    p = problem_at(unknown, "data.eval")
+    assert "cannot count before it starts" in p.message and "eval_split as a number of rows" in p.message
+
+
 def make_resumable(prep_config: str) -> Run:
     """A run directory as start writes it, whose attempt failed after a complete checkpoint at step 5."""
     prep = prepare(prep_config)

@@ -433,3 +433,25 @@ def _inspect_hub(
         images_per_row=most,
         turn_flags=chat_facts(sample.rows, resolved, columns, tags)[0],
     )
+
+
+COUNT_MAX_BYTES = 256 * 2**20  # files past this are not read through to count their rows before a start
+
+
+def count_rows(source: DataSource) -> int | None:
+    """How many rows a local data file holds (JSON Lines, CSV, a JSON list), read through once; None for
+    what cannot be counted cheaply before a start (the Hub, a saved dataset, parquet, a big file)."""
+    path = Path(source.location)
+    try:
+        if source.kind not in ("jsonl", "csv", "json") or path.stat().st_size > COUNT_MAX_BYTES:
+            return None
+        if source.kind == "json":
+            rows = json.loads(path.read_text(encoding="utf-8"))
+            return len(rows) if isinstance(rows, list) else None
+        if source.kind == "csv":  # records, not lines: a quoted field may hold line breaks
+            with path.open(encoding="utf-8", errors="replace", newline="") as f:
+                return max(0, sum(1 for row in csv.reader(f) if row) - 1)
+        with path.open("rb") as f:
+            return sum(1 for line in f if line.strip())
+    except (OSError, ValueError, csv.Error):
+        return None

@@ -7,13 +7,14 @@
     objectives: [sft, dpo]
     strategies: [none]
     max_steps: 200                          # a cap: a config without max_steps gets it
-    max_train_examples: 20000               # a compute cap: effective batch x max_steps
+    max_train_examples: 20000               # a compute cap: effective batch x max_steps + eval rows
     max_nodes: 1                            # caps on distributed: nodes, and processes in all
     max_processes: 2
     max_memory_gb: 16                       # per device, against the memory estimate (GiB, as it prints)
     seed: 42                                # fixed: a config without train: seed gets it
     data: {train: data/pref.jsonl}          # fixed: a config without data: (or one of its keys) gets it
     trust_remote_code: false                # the default: a model's own Python code never runs
+    hooks: [compute_metrics]                # hooks: keys students may use (none unless listed)
     required: true                          # the rules follow the student out of this folder
     slurm: {partition: class, qos: students, account: fin101, time: "00:30:00"}   # every run on the cluster
     max_gpus: 1                             # per run: slurm gpus_per_node x nodes
@@ -55,6 +56,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from nbtrain.contract.errors import ConfigError, Problem
+from nbtrain.contract.hooks import KEYS as hook_keys
 from nbtrain.contract.paths import home_dir
 from nbtrain.contract.rundir import atomic_write_json
 from nbtrain.control.config.choices import AvailableObjective, Method, Strategy
@@ -71,7 +73,7 @@ Items = list[tuple[tuple[str | int, ...], str]]  # (key path, message), as confi
 # The caps a preset can set, as its rules list them: (field, what the number counts).
 _CAPS = (
     ("max_steps", ""),
-    ("max_train_examples", " (effective batch x steps)"),
+    ("max_train_examples", " rows read (effective batch x steps, and each evaluation's rows)"),
     ("max_nodes", ""),
     ("max_processes", " training processes in all"),
     ("max_memory_gb", " GiB per device (estimated)"),
@@ -101,6 +103,9 @@ class Preset(BaseModel):
     max_gpus: int | None = Field(None, gt=0)  # per run, on the cluster: gpus_per_node x nodes
     max_time: str | None = None  # per run, on the cluster: its time limit, in SLURM's formats
     max_runs_at_once: int | None = Field(None, gt=0)  # a student's runs queued or running on the cluster
+    # hooks: keys a config may use: each runs notebook code inside training, where it can change what a
+    # course grades (the loss, the logged metrics, the rows), so none is allowed unless listed here
+    hooks: list[str] = Field(default_factory=list)
     source: Path = Field(default=Path(PRESET_FILE), exclude=True)
     # Required course presets that apply as well as this one (find_preset fills it): see chain()
     _also: list[Preset] = PrivateAttr(default_factory=list)
@@ -128,6 +133,16 @@ class Preset(BaseModel):
 
         SlurmSettings.model_validate(v)  # the keys and values distributed: slurm: takes
         return dict(v)
+
+    @field_validator("hooks")
+    @classmethod
+    def _hooks_ok(cls, v: list[str]) -> list[str]:
+        unknown = [k for k in v if k not in hook_keys]
+        if unknown:
+            raise ValueError(
+                f"hooks: lists the hooks: keys allowed ({', '.join(hook_keys)}); not {', '.join(unknown)}"
+            )
+        return v
 
     @field_validator("max_time")
     @classmethod
@@ -194,6 +209,7 @@ class Preset(BaseModel):
         for k, v in (self.data or {}).items():
             out.append(f"data.{k}: {v} (fixed)")
         out.append(f"trust_remote_code: {'allowed' if self.trust_remote_code else 'not allowed'}")
+        out.append(f"hooks: {', '.join(self.hooks) + ' allowed' if self.hooks else 'none allowed'}")
         return out
 
     # ------------------------------------------------------------------------------------ applying
@@ -290,6 +306,7 @@ class Preset(BaseModel):
                 )
             )
         items += self._remote_code_problems(raw, train)
+        items += self._hooks_problems(raw.get("hooks"))
         items += self._distributed_problems(dist)
         items += self._slurm_problems(dist)
         seed = train.get("seed")
@@ -335,6 +352,25 @@ class Preset(BaseModel):
                 f"instructor can allow it with trust_remote_code: true in the preset",
             )
             for path in asked
+        ]
+
+    def _hooks_problems(self, given: Any) -> Items:
+        """hooks: keys the preset does not list (rule 'hooks'): refused, since notebook code in the trainer
+        can overwrite what is graded (a callback rewriting the logged loss, a loss or metric that returns
+        what it likes, rows made trivial)."""
+        if not isinstance(given, Mapping):
+            return []
+        allowed = ", ".join(self.hooks) or "none"
+        return [
+            (
+                ("hooks", str(key)),
+                f"hooks: {key} runs notebook code inside training, where it can change what the course "
+                f"grades (the loss, the logged metrics, the rows), which {self.where} does not allow (rule "
+                f"'hooks'); allowed: {allowed}. The instructor can allow it with hooks: [{key}] in the "
+                f"preset",
+            )
+            for key, value in given.items()
+            if value not in (None, []) and key not in self.hooks
         ]
 
     def _distributed_problems(self, dist: Any) -> Items:

@@ -208,3 +208,30 @@ def test_without_a_preset_nothing_changes(workdir: Path) -> None:
     assert find_preset() is None
     prep = nbtrain.prepare(lora_yaml(3, method="full"))
     assert prep.train_args["max_steps"] == 3 and "seed" not in prep.train_args
+
+
+def test_hooks_rule_refuses_notebook_code_in_training_unless_the_preset_lists_it(workdir: Path) -> None:
+    """A callback that rewrites the logged loss would fake the grade: under a preset no hook runs unless
+    the instructor lists its key."""
+
+    def cheat(args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
+        if logs and "loss" in logs:
+            logs["loss"] = 0.0
+
+    preset = write_preset(workdir, "max_steps: 20\n")
+    cfg = lora_yaml(5, extra="hooks:\n  callbacks: [cheat]\n")
+    with pytest.raises(ConfigError) as e:
+        nbtrain.prepare(cfg, namespace={"cheat": cheat})
+    assert [p.path for p in e.value.problems] == ["hooks.callbacks"]
+    assert_names(
+        str(e.value), "rule 'hooks'", str(preset), "allowed: none", "hooks: [callbacks] in the preset"
+    )
+    write_preset(workdir, "max_steps: 20\nhooks: [compute_metrics]\n")
+    with pytest.raises(ConfigError, match="allowed: compute_metrics"):
+        nbtrain.prepare(cfg, namespace={"cheat": cheat})
+    write_preset(workdir, "max_steps: 20\nhooks: [callbacks]\n")
+    assert nbtrain.prepare(cfg, namespace={"cheat": cheat}).hooks is not None
+    assert "hooks: callbacks allowed" in find_preset().rules()  # type: ignore[union-attr]
+    write_preset(workdir, "hooks: [callbacks, sneaky]\n")
+    with pytest.raises(ConfigError, match="not sneaky"):
+        nbtrain.prepare(lora_yaml(5))
