@@ -24,17 +24,19 @@ cell when that is another one (which JupyterLab ignores there).
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbtrain.contract.rundir import TERMINAL_STATES
+from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.rundir import TERMINAL_STATES, RunPaths, open_regular, parse_record
 from nbtrain.control.runs.follow import FollowStopped, follow
 from nbtrain.control.runs.metrics import JsonlTail
 
@@ -61,15 +63,14 @@ def run_record(ref: str | Path | Run) -> dict[str, Any]:
     run = get_run(ref)
     resolved = run.resolved
     st = run.status()
-    first: dict[str, float] = {}
-    final: dict[str, float] = {}
-    logged = 0
-    for rec in JsonlTail(run.paths.metrics).records():
-        logged += 1
-        for k, v in rec.items():
-            if _number(v) and k != "t":
-                first.setdefault(k, v)
-                final[k] = v
+    tail = JsonlTail(run.paths.metrics)
+    logged, first, final = _metric_summary(tail.records())
+    # what binds the record to its run: the bytes of metrics.jsonl it was made from (an append-only file,
+    # so the run's file keeps them as its first bytes however long it grows)
+    evidence = {
+        "metrics_bytes": tail.offset,
+        "metrics_sha256": _prefix_sha256(run.paths.metrics, tail.offset),
+    }
     try:
         config_text = run.paths.config.read_text(encoding="utf-8")
     except OSError:
@@ -100,7 +101,84 @@ def run_record(ref: str | Path | Run) -> dict[str, Any]:
         "first_metrics": first,
         "final_metrics": final,
         "output_files": files,
+        "evidence": evidence,
     }
+
+
+def _metric_summary(records: Iterable[Mapping[str, Any]]) -> tuple[int, dict[str, float], dict[str, float]]:
+    """(records, each metric's first value, each metric's last value)."""
+    first: dict[str, float] = {}
+    final: dict[str, float] = {}
+    logged = 0
+    for rec in records:
+        logged += 1
+        for k, v in rec.items():
+            if _number(v) and k != "t":
+                first.setdefault(k, v)
+                final[k] = v
+    return logged, first, final
+
+
+def _prefix(path: Path, size: int) -> bytes | None:
+    """The first ``size`` bytes of a regular file, None when it is shorter, missing or not a file."""
+    try:
+        with open_regular(path) as f:
+            data = f.read(size)
+    except OSError:
+        return None
+    return data if len(data) == size else None
+
+
+def _prefix_sha256(path: Path, size: int) -> str | None:
+    data = _prefix(path, size)
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def record_mismatch(rec: Mapping[str, Any]) -> str | None:
+    """Why a saved record is not what its run recorded, or None when it is: the metrics file it was made
+    from must still open the run's metrics.jsonl byte for byte, the figures the record gives must be that
+    file's, and its config, its final state and its output files the run's. A record edited by hand, or
+    copied from another run, fails here. (The run directory itself is the student's to write: a grader
+    who must trust it keeps it where students cannot write, e.g. on the course's cluster.)"""
+    ev = rec.get("evidence")
+    size, digest = (ev.get("metrics_bytes"), ev.get("metrics_sha256")) if isinstance(ev, Mapping) else (0, 0)
+    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0 and isinstance(digest, str)):
+        return "the record carries no evidence of its run (made by an older nbtrain, or edited)"
+    paths = RunPaths(Path(str(rec.get("run_dir") or "")))
+    if not str(rec.get("run_dir") or "") or not paths.root.is_dir():
+        return (
+            f"its run directory {rec.get('run_dir')} is not here: grade where it is, or pass verify=False "
+            f"to grade the record as it stands"
+        )
+    data = _prefix(paths.metrics, size)
+    if data is None or hashlib.sha256(data).hexdigest() != digest:
+        return "the run's metrics.jsonl does not begin with the bytes the record was made from"
+    logged, first, final = _metric_summary(r for r in map(parse_record, data.splitlines()) if r is not None)
+    differ = [
+        name
+        for name, mine, theirs in (
+            ("logged_records", rec.get("logged_records"), logged),
+            ("first_metrics", rec.get("first_metrics"), first),
+            ("final_metrics", rec.get("final_metrics"), final),
+        )
+        if mine != theirs
+    ]
+    from nbtrain.control.runs.run import get_run
+
+    try:
+        run = get_run(paths.root)
+        resolved, st = run.resolved, run.status()
+    except (NbtrainError, OSError, ValueError):
+        return "the run's resolved.json or status.json cannot be read"
+    if rec.get("config") != resolved.get("config"):
+        differ.append("config")
+    if rec.get("state") in TERMINAL_STATES and (st.state, st.step) != (rec.get("state"), rec.get("step")):
+        differ.append("state")
+    output = paths.output
+    missing = [f for f in rec.get("output_files") or [] if not (output / str(f)).exists()]
+    if missing:
+        differ.append("output_files")
+    return f"the record's {', '.join(differ)} differ from its run's" if differ else None
 
 
 def _record_line(rec: Mapping[str, Any]) -> str:
@@ -375,6 +453,7 @@ def check(
     metrics_above: Mapping[str, float] | None = None,
     metrics_below: Mapping[str, float] | None = None,
     config: Mapping[str, Any] | None = None,
+    verify: bool = True,
 ) -> CheckReport:
     """Check a run (a Run, id, name or run directory) or a saved run record (``nbtrain.records``)
     against an exercise's requirements. Every check given becomes a row; ``state`` is checked unless
@@ -383,6 +462,10 @@ def check(
     ``metrics_above`` / ``metrics_below``: {metric: threshold} on each metric's last logged value
     (e.g. ``{"rewards/margins": 0}``); ``config``: {dotted key: value} the run's resolved config must
     have (e.g. ``{"objective": "dpo", "lora.r": 16}``).
+
+    A saved record is first checked against its run directory (``record_mismatch``): the row "record is
+    the run's" fails for a record edited by hand or one whose run is not here; ``verify=False`` grades a
+    record as it stands (where the run directories are not kept).
     """
     rec = dict(run) if isinstance(run, Mapping) else run_record(run)
     final, first = rec.get("final_metrics") or {}, rec.get("first_metrics") or {}
@@ -390,6 +473,10 @@ def check(
 
     def add(name: str, expected: str, actual: Any, ok: bool) -> None:
         rows.append(CheckRow(name, expected, _fmt(actual), bool(ok)))
+
+    if isinstance(run, Mapping) and verify:
+        why = record_mismatch(rec)
+        add("record is the run's", "yes", why or "yes", why is None)
 
     if state is not None:
         add("state", state, rec.get("state"), rec.get("state") == state)
@@ -423,4 +510,4 @@ def check(
     return CheckReport(str(rec.get("id")), str(rec.get("name")), rows)
 
 
-__all__ = ["RECORD_MIME", "CheckReport", "check", "record", "records", "run_record"]
+__all__ = ["RECORD_MIME", "CheckReport", "check", "record", "record_mismatch", "records", "run_record"]

@@ -96,16 +96,55 @@ def test_check_passes_in_the_notebook_and_fails_with_a_readable_table(graded: tu
     assert "FAIL  config lora.r" in err[1] and "64" in err[1]
 
 
-def test_check_from_a_saved_record_without_the_run_directory(graded: tuple[Any, Path, Path]) -> None:
+def test_check_from_a_saved_record_is_checked_against_its_run_first(graded: tuple[Any, Path, Path]) -> None:
     _, path, _ = graded
     rec = nbtrain.records(path)[0]
     report = nbtrain.check(rec, min_steps=STEPS, adapter_exists=True, config={"objective": "sft"},
                            metrics_below={"loss": 100.0}, metrics_above={"tokens_per_s": 0})  # fmt: skip
     assert report.passed, report.text()
+    assert report.rows[0].check == "record is the run's" and report.rows[0].actual == "yes"
     assert "&#10003; pass" in report._repr_html_()
     failing = nbtrain.check(rec, state="failed", adapter_exists=False, eval_loss_below=1.0)
     assert [r.check for r in failing.failed] == ["state", "final eval loss", "adapter saved"]
     assert failing.to_dict()["passed"] is False
     assert "(none)" in failing.text()  # no eval loss was logged: shown, and a failure
-    with pytest.raises(AssertionError, match="0/3 passed"):
+    with pytest.raises(AssertionError, match="1/4 passed"):
         failing.assert_passed()
+
+
+def test_a_record_edited_by_hand_or_without_its_run_fails_the_check(
+    graded: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    """The grade is what the run recorded: a record whose loss, config or state was edited, one taken
+    with a run directory whose metrics were rewritten after, or one whose run is not here fails the row
+    "record is the run's", whatever else it claims; verify=False grades a record as it stands."""
+    import copy
+    import shutil
+
+    _, path, run_dir = graded
+    rec = nbtrain.records(path)[0]
+
+    def why(r: dict) -> str:
+        report = nbtrain.check(r, final_loss_below=1e-3)
+        row = report.rows[0]
+        assert row.check == "record is the run's" and not row.passed and not report.passed
+        return row.actual
+
+    better = copy.deepcopy(rec)
+    better["final_metrics"]["loss"] = 1e-4
+    assert nbtrain.check(better, final_loss_below=1e-3).rows[1].passed  # the loss row alone would pass it
+    assert why(better) == "the record's final_metrics differ from its run's"
+    other = copy.deepcopy(rec)
+    other["config"]["lora"]["r"] = 64
+    other["state"], other["step"] = "completed", STEPS + 1
+    assert why(other) == "the record's config, state differ from its run's"
+    assert "carries no evidence" in why({k: v for k, v in rec.items() if k != "evidence"})
+    gone = {**rec, "run_dir": str(tmp_path / "gone")}
+    assert "is not here" in why(gone) and "verify=False" in why(gone)
+    assert nbtrain.check(gone, min_steps=STEPS, verify=False).passed
+    # the run directory copied and its metrics rewritten to match an edited record: the bytes differ
+    copied = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copied)
+    metrics = copied / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace('"loss": ', '"loss": 0.0001, "was": '))
+    assert "does not begin with the bytes" in why({**rec, "run_dir": str(copied)})
