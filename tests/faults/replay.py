@@ -50,8 +50,12 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
      "tests/faults/test_trust_faults.py", ()),
     ("images: a huge picture in a small file, many in one request, a FIFO, a trickling URL, a private host",
      "tests/faults/test_image_faults.py", ()),
-    ("one writer per run dir however the warm process stalls; 40 starts beside a stalled client",
-     "tests/faults/test_warm_faults.py", ()),
+    ("one writer per run dir however the warm process stalls; 40 starts beside a stalled client; a passed "
+     "descriptor under any number", "tests/faults/test_warm_faults.py", ()),
+    ("grades: notebook hooks under a lab preset", "tests/control/config/test_preset.py",
+     ("test_hooks_rule_refuses_notebook_code_in_training_unless_the_preset_lists_it",)),
+    ("grades: a record edited by hand or without its run", "tests/control/jobs/test_grading.py",
+     ("test_a_record_edited_by_hand_or_without_its_run_fails_the_check",)),
     ("example-data writes the format its suffix says", "tests/examples/test_examples.py",
      ("test_alpaca_to_a_csv_file_is_csv_with_the_alpaca_columns",)),
 ]  # fmt: skip
