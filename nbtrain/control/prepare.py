@@ -377,14 +377,26 @@ def validate(
     empty when the config launches. The panel's inline errors and the server's validate route are these.
     ``capture_notebook=False`` skips looking up GRPO's reward functions and the hooks (for a process, such
     as the Jupyter server, that cannot see the notebook defining them)."""
+    return check_config(config, hardware=hardware, namespace=namespace, capture_notebook=capture_notebook)[0]
+
+
+def check_config(
+    config: str | Path | dict[str, Any],
+    *,
+    hardware: Hardware | None = None,
+    namespace: Mapping[str, Any] | None = None,
+    capture_notebook: bool = True,
+) -> tuple[list[Problem], Prepared | None]:
+    """``validate``'s problems and, when there are none, what ``start`` would start: the plan and the
+    memory estimate a form shows before its Launch."""
     try:
         prep = prepare(config, hardware=hardware, namespace=namespace, capture_notebook=capture_notebook)
     except ConfigError as e:
-        return list(e.problems)
+        return list(e.problems), None
     except NbtrainError as e:  # e.g. a preset file that cannot be read: nothing would start either
-        return [Problem("", str(e))]
+        return [Problem("", str(e))], None
     refusal = launch_refusal(prep)
-    return [Problem("", refusal)] if refusal else []
+    return ([Problem("", refusal)], None) if refusal else ([], prep)
 
 
 def preset_plan_problems(preset: Preset, res: Resolved, plan: Plan) -> Items:
@@ -628,6 +640,7 @@ def hooks_summary(named: Mapping[str, Any]) -> str:
 
 __all__ = [
     "Prepared",
+    "check_config",
     "check_resumed",
     "estimate_table",
     "launch_refusal",

@@ -804,3 +804,34 @@ def test_preview_renders_tool_rows_with_their_tools_and_calls(workdir: Path) -> 
         )
         == 3
     )
+
+
+def test_a_newcomer_who_fills_model_and_data_sees_the_plan_and_its_estimate_before_launch(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    """Only model and data filled: the panel shows the plan a %%finetune cell with those two keys would
+    make (the same prepare), its memory estimate against this machine, and in the empty training fields
+    the values that plan uses (an adapter's 2e-4 learning rate, not TRL's full fine-tuning 2e-5)."""
+    import nbtrain
+
+    p = _settled(make_panel())
+    assert p.plan_text == [] and p.plan_area.value == ""  # nothing to plan yet
+    _fill_basic(p)
+    _settled(p)
+    assert yaml.safe_load(p.to_yaml()) == {"model": "./tiny-llama", "data": {"train": "data/add.jsonl"}}
+    cell = nbtrain.prepare("model: ./tiny-llama\ndata:\n  train: data/add.jsonl\n")
+    keys = ("method", "device", "strategy", "precision", "num_processes", "micro_batch", "grad_accum",
+            "gradient_checkpointing", "learning_rate", "launcher")  # fmt: skip
+    assert {k: getattr(cell.plan, k) for k in keys} == {k: p.planned_plan[k] for k in keys}
+    assert p.planned == cell.train_args and cell.train_args["learning_rate"] == 2e-4
+    text = "\n".join(p.plan_text)
+    assert "Plan: lora sft on cpu, 1 process(es), fp32" in text, text
+    assert "learning rate 0.0002" in text and "Memory: ~" in text and "of RAM" in text and "fits" in text
+    assert "nbtrain-plan" in p.plan_area.value
+    assert p.fields["train.learning_rate"].placeholder == "0.0002 (planned)"
+    p.fields["train.learning_rate"].value = "1e-4"  # what the user sets wins, and the plan line follows
+    _settled(p)
+    assert "learning rate 0.0001" in "\n".join(p.plan_text)
+    p.fields["model"].value = "./no-such-model"  # not launchable: no plan shown, the defaults come back
+    _settled(p)
+    assert p.plan_text == [] and p.fields["train.max_steps"].placeholder.startswith("default")

@@ -23,6 +23,10 @@ from nbtrain.control.plan.facts import model_config
 from nbtrain.control.plan.fit import MARGIN, Fit, fits
 from nbtrain.hardware import Hardware
 
+# An SFT adapter's learning rate when the config gives none: where Unsloth's notebooks and the QLoRA paper's
+# small models start (LLaMA-Factory's LoRA examples 1e-4); TRL's 2e-5 is a full fine-tuning default.
+LORA_LEARNING_RATE = 2e-4
+
 
 @dataclass
 class Plan:
@@ -48,6 +52,8 @@ class Plan:
     # SFT batches laid end to end where cheaper (worker/data.PaddingFreeWhereCheaper) when the planner chose
     # it (train: left padding_free and packing out)
     padding_free: bool | None = None
+    # learning_rate when the planner chose it (an SFT adapter, train: left it out): LORA_LEARNING_RATE
+    learning_rate: float | None = None
     # Estimate.to_dict() of this plan, with the fit rule's capacity_bytes and usable_bytes, and the device
     estimate: dict[str, Any] | None = None
     fits: bool = True  # by nbtrain.control.plan.fit, the one rule the estimate's table uses too
@@ -166,6 +172,13 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
                 warnings=warnings)  # fmt: skip
     plan.method = cfg.method
     _plan_memory(res, hw, plan)
+    if cfg.objective == "sft" and plan.method in ("lora", "qlora") and "learning_rate" not in cfg.train:
+        plan.learning_rate = LORA_LEARNING_RATE
+        reasons.append(
+            f"learning rate {LORA_LEARNING_RATE:g}: where {plan.method} fine-tuning usually starts (TRL's "
+            f"default 2e-05 suits full fine-tuning and moves an adapter little); train: learning_rate sets "
+            f"your own"
+        )
     plan.launcher = _launcher(plan.strategy, d.launcher, world)
     if plan.strategy == "fsdp":
         reasons.append(
@@ -509,6 +522,8 @@ def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
     if plan.strategy == "fsdp":
         args["fsdp"] = "full_shard"
         args["fsdp_config"] = fsdp_settings(plan)
+    if plan.learning_rate is not None:
+        args["learning_rate"] = plan.learning_rate
     args.update(user)
     if plan.micro_batch is not None:
         args["per_device_train_batch_size"] = plan.micro_batch

@@ -24,6 +24,7 @@ from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
 from nbtrain.control import start
 from nbtrain.control.config.load import parse_source
 from nbtrain.control.config.preset import Preset, find_preset
+from nbtrain.control.prepare import check_config
 from nbtrain.control.prepare import validate as validate_config
 from nbtrain.control.runs.follow import FollowStopped, follow
 from nbtrain.control.runs.run import Run, get_run
@@ -48,6 +49,7 @@ from nbtrain.ui.panel.fields import (
     section_active,
 )
 from nbtrain.ui.panel.files import CANDIDATES_EVERY, data_candidates, model_candidates
+from nbtrain.ui.panel.plan import plan_html, plan_lines
 
 if TYPE_CHECKING:
     from nbtrain.ui.dashboard import Dashboard
@@ -80,6 +82,9 @@ _CSS = f"""<style>
 .nbtrain-side-title small {{font-weight:normal; color:var(--jp-ui-font-color2, #757575)}}
 .nbtrain-buttons {{margin:6px 0 2px {_LABEL_WIDTH + 8}px}}
 .nbtrain-status {{margin:4px 0 0 {_LABEL_WIDTH + 8}px; font-size:12px; line-height:1.4;
+  color:var(--jp-ui-font-color1, #424242)}}
+.nbtrain-plan {{margin:6px 0 2px {_LABEL_WIDTH + 8}px; padding:4px 8px; font-size:12px; line-height:1.5;
+  border-left:3px solid #1565c0; background:var(--jp-layout-color2, #f5f5f5);
   color:var(--jp-ui-font-color1, #424242)}}
 </style>"""
 # The comm target of the lab extension's "insert a cell" (labextension/src/tocell.ts).
@@ -136,6 +141,10 @@ class ConfigPanel:
         self.error_labels = {f.path: widgets.HTML("") for f in self.spec}
         self.yaml_view = widgets.HTML("")
         self.error_area = widgets.HTML("")
+        self.plan_area = widgets.HTML("")  # what Launch would start: the plan and its estimate
+        self.plan_text: list[str] = []  # the same, as lines
+        self.planned: dict[str, Any] = {}  # the train args that plan would use
+        self.planned_plan: dict[str, Any] = {}  # and the plan itself (Plan.to_dict())
         self.status_area = widgets.HTML("")
         self.preview = widgets.HTML("")
         self.launch_button = widgets.Button(
@@ -238,7 +247,7 @@ class ConfigPanel:
             if title == "Start":
                 buttons = widgets.HBox([self.launch_button, self.stop_button, self.to_cell_button])
                 buttons.add_class("nbtrain-buttons")
-                children += [self.error_area, buttons, self.status_area]
+                children += [self.plan_area, self.error_area, buttons, self.status_area]
             box = widgets.VBox(children)
             box.add_class("nbtrain-step")
             self.steps[title] = box
@@ -521,7 +530,10 @@ class ConfigPanel:
         text, cfg, base = item
         if time.monotonic() - self._candidates_at > CANDIDATES_EVERY:
             self._refresh_candidates(base)
-        problems = validate(text)
+        problems, prep = check_config(text)
+        lines = plan_lines(prep) if prep is not None else []
+        planned = dict(prep.train_args) if prep is not None else {}
+        planned_plan = prep.plan.to_dict() if prep is not None else {}
         key = (_preview_inputs(cfg, base), self.preview_rows)
         html_preview = None
         if key != self._preview_key:
@@ -530,9 +542,25 @@ class ConfigPanel:
             return  # a newer change is queued; its check will show the current state
         with self._lock:
             self._apply_problems(problems)
+            self._show_plan(lines, planned)
+            self.planned_plan = planned_plan
             if html_preview is not None:
                 self.preview.value = html_preview
                 self._preview_key = key
+
+    def _show_plan(self, lines: list[str], planned: dict[str, Any]) -> None:
+        """The plan Launch would start, under the form; each empty training field shows the value that plan
+        uses ("planned"), or its default until the config is whole."""
+        self.plan_text, self.planned = lines, planned
+        self.plan_area.value = plan_html(lines) if lines else ""
+        for f in self.spec:
+            w = self.fields[f.path]
+            key = f.path.removeprefix("train.")
+            if f.kind != "scalar" or not f.path.startswith("train.") or not hasattr(w, "placeholder"):
+                continue
+            want = f"{format_scalar(planned[key])} (planned)" if key in planned else f.placeholder
+            if w.placeholder != want:
+                w.placeholder = want
 
     def _job_failed(self, tb: str) -> None:
         with self._lock:
