@@ -73,6 +73,11 @@ def test_panel_form_and_to_cell_inserts_a_runnable_cell_at_once(
         expect(panel.locator(".nbtrain-preview")).to_contain_text("row 1", timeout=30_000)
         stop = panel.locator("button", has_text="Stop")
         expect(stop).to_be_disabled()  # nothing launched from it yet
+        # what Launch would start, before it is pressed: the plan and its memory estimate
+        plan = panel.locator(".nbtrain-plan")
+        expect(plan).to_contain_text("Plan: lora sft on cpu", timeout=30_000)
+        expect(plan).to_contain_text("learning rate 0.003")
+        expect(plan).to_contain_text("Memory: ~")
         steps = page.evaluate(
             "() => [...document.querySelectorAll('.nbtrain-panel .nbtrain-step-title')]"
             ".map(t => t.childNodes[1].textContent)"

@@ -825,8 +825,8 @@ def test_a_newcomer_who_fills_model_and_data_sees_the_plan_and_its_estimate_befo
     assert {k: getattr(cell.plan, k) for k in keys} == {k: p.planned_plan[k] for k in keys}
     assert p.planned == cell.train_args and cell.train_args["learning_rate"] == 2e-4
     text = "\n".join(p.plan_text)
-    assert "Plan: lora sft on cpu, 1 process(es), fp32" in text, text
-    assert "learning rate 0.0002" in text and "Memory: ~" in text and "of RAM" in text and "fits" in text
+    assert "Plan: lora sft on cpu, 1 process, fp32" in text, text
+    assert "learning rate 0.0002" in text and "Memory: ~" in text and "GiB RAM: fits" in text
     assert "nbtrain-plan" in p.plan_area.value
     assert p.fields["train.learning_rate"].placeholder == "0.0002 (planned)"
     p.fields["train.learning_rate"].value = "1e-4"  # what the user sets wins, and the plan line follows

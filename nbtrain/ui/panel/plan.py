@@ -15,6 +15,10 @@ def _number(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
+
+
 def plan_lines(prep: Prepared) -> list[str]:
     """Two or three lines: what trains where, the batch and length of the run, and its memory."""
     plan, args = prep.plan, prep.train_args
@@ -25,22 +29,26 @@ def plan_lines(prep: Prepared) -> list[str]:
     length = (
         f"{steps} steps"
         if isinstance(steps, int) and steps > 0
-        else f"{_number(args.get('num_train_epochs', 3))} epoch(s)"
+        else f"{_number(args.get('num_train_epochs', 3))} epochs"
     )
     lr = args.get("learning_rate", 2e-5)
-    where = f"{plan.nodes} node(s) x " if plan.nodes > 1 else ""
+    where = f"{_count(plan.nodes, 'node')} x " if plan.nodes > 1 else ""
+    procs = _count(plan.num_processes, "process")
+    strategy = f", {plan.strategy}" if plan.strategy != "none" else ""
     lines = [
-        f"Plan: {plan.method} {cfg.objective} on {plan.device}, {where}{plan.num_processes} process(es), "
-        f"{plan.precision}" + (f", {plan.strategy}" if plan.strategy != "none" else ""),
-        f"Batch {micro} x {accum} accumulation x {plan.world_size} process(es), {length}, "
+        f"Plan: {plan.method} {cfg.objective} on {plan.device}, {where}{procs}, {plan.precision}{strategy}",
+        f"Batch {micro} x {accum} accumulation x {_count(plan.world_size, 'process')}, {length}, "
         f"learning rate {_number(lr)}",
     ]
     est = plan.estimate
     if est is not None:
-        need, cap = est["per_device_bytes"] / 2**30, est.get("capacity_bytes") or 0
-        where = {"cuda": "per GPU", "npu": "per NPU"}.get(est.get("device", ""), "of RAM")
-        of = f" of {cap / 2**30:.1f} GiB" if cap else ""
-        lines.append(f"Memory: ~{need:.2f} GiB {where}{of}: {'fits' if plan.fits else plan.fit_advice}")
+        need, cap = est["per_device_bytes"] / 2**30, (est.get("capacity_bytes") or 0) / 2**30
+        device = {"cuda": "GPU", "npu": "NPU"}.get(est.get("device", ""))
+        if device is None:  # a CPU run (or Apple's unified memory): the machine's RAM
+            used = f"~{need:.2f} GiB of {cap:.1f} GiB RAM" if cap else f"~{need:.2f} GiB of RAM"
+        else:
+            used = f"~{need:.2f} GiB per {device}" + (f" of {cap:.1f} GiB" if cap else "")
+        lines.append(f"Memory: {used}: {'fits' if plan.fits else plan.fit_advice}")
     else:
         lines.append("Memory: no estimate (the model's config.json is not on this machine yet)")
     return lines

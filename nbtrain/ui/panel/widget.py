@@ -83,6 +83,8 @@ _CSS = f"""<style>
 .nbtrain-buttons {{margin:6px 0 2px {_LABEL_WIDTH + 8}px}}
 .nbtrain-status {{margin:4px 0 0 {_LABEL_WIDTH + 8}px; font-size:12px; line-height:1.4;
   color:var(--jp-ui-font-color1, #424242)}}
+.nbtrain-panel button:disabled {{filter:grayscale(100%); opacity:0.45 !important;
+  cursor:not-allowed !important; box-shadow:none !important}}
 .nbtrain-plan {{margin:6px 0 2px {_LABEL_WIDTH + 8}px; padding:4px 8px; font-size:12px; line-height:1.5;
   border-left:3px solid #1565c0; background:var(--jp-layout-color2, #f5f5f5);
   color:var(--jp-ui-font-color1, #424242)}}
