@@ -29,6 +29,11 @@ When the run ends the widget output becomes the static figure of the final state
 guard become empty and the widgets are closed: the saved notebook, any viewer without the kernel, and
 an untrusted notebook all show the final chart and no widget reference. Frontends other than
 JupyterLab / Notebook 7 mid-run show both the widget (or its error) and the snapshot.
+
+A view that ended on a run's stopped or failed state is not left behind when the run starts again (a
+resume from the sidebar, another cell or the CLI): one thread per kernel (:class:`Revivals`) reads those
+runs' status every ``REVIVE_EVERY`` seconds, and a view whose run is active again turns live in place,
+follows the new attempt and ends on its final state as before.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import threading
 import time
 import traceback
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,6 +80,8 @@ from nbtrain.ui.figures import (
 )
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+REVIVE_EVERY = 2.0  # s between status reads of the runs whose ended views may come back to life
+REVIVABLE = ("stopped", "failed")  # final states a run leaves when it is resumed
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
@@ -152,6 +160,7 @@ class Dashboard:
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._closed = False
 
     # ------------------------------------------------------------------------------------ updating
     def refresh(self) -> RunStatus:
@@ -347,6 +356,7 @@ class Dashboard:
                 if self._ended(st):
                     self.finished = True
                     self._close_widgets()
+                    self._watch_for_restart(st)
                     return
             else:
                 self._update_widgets(st)
@@ -408,6 +418,35 @@ class Dashboard:
                         out.update({"text/html": "", "text/plain": ""})
                 self._close_widgets()
             self.finished = True
+            self._watch_for_restart(st)
+
+    def _watch_for_restart(self, st: RunStatus) -> None:
+        if self._out is not None and st.state in REVIVABLE and not self._closed:
+            REVIVALS.add(self)
+
+    def revive(self) -> bool:
+        """The run is active again (resumed): turn this ended view live in place and follow the new
+        attempt. False when it is not (still ended, closed, or never shown)."""
+        with self._lock:
+            if not self.finished or self._out is None or self._closed:
+                return False
+            st = self._read()
+            if st.done:
+                return False
+            self.finished = False
+            if self.widget:
+                self.fig = None  # new widgets: the old ones were closed when the view ended
+                self._update_widgets(st)
+                self._sync_unseen(self.fig, force=True)
+                self._out.update({**self._widget_bundle(), "text/plain": self.text(st)})
+                if self._snap is not None:
+                    self._snap.update(self._static(st))
+                if self._guard is not None:
+                    self._guard.update(self._guard_bundle())
+            else:
+                self._update_static(st, self._out)
+        self.start()
+        return True
 
     def _fail(self, tb: str) -> None:
         self.error = tb
@@ -455,5 +494,58 @@ class Dashboard:
             t.join(timeout=10)
 
     def close(self) -> None:
-        """Stop updating (the view stays as it is)."""
+        """Stop updating (the view stays as it is), also when its run starts again."""
+        self._closed = True
         self._stop_thread()
+
+
+class Revivals:
+    """The ended views whose runs may start again, and the one thread that reads those runs' status every
+    ``REVIVE_EVERY`` seconds (a view is held weakly: one the kernel dropped is forgotten). A view whose run
+    is active again is revived and leaves the list; a revived view that ends stopped or failed joins it
+    again."""
+
+    def __init__(self, every: float = REVIVE_EVERY) -> None:
+        self.every = every
+        self._views: list[weakref.ref[Dashboard]] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, view: Dashboard) -> None:
+        with self._lock:
+            if not any(ref() is view for ref in self._views):
+                self._views.append(weakref.ref(view))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="nbtrain-revivals", daemon=True)
+                self._thread.start()
+
+    def watched(self) -> list[Dashboard]:
+        with self._lock:
+            return [v for v in (ref() for ref in self._views) if v is not None]
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.every)
+            with self._lock:
+                views = [v for v in (ref() for ref in self._views) if v is not None and not v._closed]
+                self._views = [weakref.ref(v) for v in views]
+                if not views:
+                    self._thread = None
+                    return
+            for view in views:
+                try:
+                    if view.run.status().done:
+                        continue
+                except Exception:  # noqa: BLE001 - one unreadable run never stops the others' watch
+                    continue
+                with self._lock:  # it leaves the list as it turns live (it comes back if it ends again)
+                    self._views = [ref for ref in self._views if ref() is not view]
+                try:
+                    revived = view.revive()
+                except Exception:  # noqa: BLE001 - shown nowhere better: the view stays as it was
+                    revived = False
+                if not revived and view.finished and not view._closed:
+                    self.add(view)  # it ended again before it could turn live: still watched
+
+
+REVIVALS = Revivals()

@@ -443,3 +443,37 @@ def test_the_live_view_shows_the_first_point_as_a_marker_then_a_line(
     files.steps(2, 3)
     dash.refresh()
     assert list(trace(dash, "loss").x) == [1, 2] and trace(dash, "loss").mode == "lines"
+
+
+def test_a_view_that_ended_stopped_comes_back_live_when_its_run_is_resumed(
+    files: RunFiles, displayed: list[FakeHandle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resumed from anywhere (the sidebar, another cell, the CLI), a run's earlier view does not stay on
+    "stopped": it turns live in place within a few seconds, follows the new attempt and ends on its
+    final state, which is then no longer watched."""
+    from nbtrain.ui import dashboard as board
+
+    monkeypatch.setattr(board, "REVIVALS", board.Revivals(every=0.1))
+    files.steps(1, 4)
+    dash = Dashboard(files.run, interval=0.02)
+    try:
+        dash.show()
+        handle = displayed[0]
+        files.status("stopped", step=3)
+        assert dash.thread is not None
+        dash.thread.join(TIMEOUT)
+        assert dash.finished and WIDGET_MIME not in handle.bundles[-1]
+        assert "stopped" in handle.bundles[-1][PLOTLY_MIME]["layout"]["title"]["text"]
+        assert board.REVIVALS.watched() == [dash]
+        files.status("running", step=3)  # resumed: the run directory says so, and steps follow
+        files.steps(4, 7)
+        wait_for(lambda: not dash.finished and WIDGET_MIME in handle.bundles[-1])
+        wait_for(lambda: dash.fig is not None and len(trace(dash, "loss").x) == 6)
+        assert "running" in title(dash) and board.REVIVALS.watched() == []
+        files.steps(7, 9)
+        files.status("completed", step=8)
+        wait_for(lambda: dash.finished)
+        assert "completed" in handle.bundles[-1][PLOTLY_MIME]["layout"]["title"]["text"]
+        assert board.REVIVALS.watched() == []  # a completed run does not start again
+    finally:
+        dash.close()
