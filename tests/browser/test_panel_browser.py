@@ -11,6 +11,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -118,3 +119,44 @@ def test_panel_form_and_to_cell_inserts_a_runnable_cell_at_once(
     if os.environ.get("NBTRAIN_UPDATE_SCREENSHOTS"):
         DOCS.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shots / "panel.png", DOCS / "panel.png")
+
+
+def test_a_kernel_restart_keeps_the_form_an_empty_panel_cell_held(
+    lab: tuple[str, str], workdir: Path, shots: Path, tmp_path: Path
+) -> None:
+    """Fields typed into ``nbtrain.panel()``, the kernel restarted, the cell run again: the same form."""
+    from playwright.sync_api import expect
+
+    from tests.browser.test_notebook_e2e import _kernel_ids, _post
+
+    url, token = lab
+    write_notebook(workdir / "keep.ipynb", [nbformat.v4.new_code_cell("import nbtrain\nnbtrain.panel()")])
+    with lab_page(lab, "lab/tree/keep.ipynb", {"width": 1400, "height": 1400}) as (_, page, errors):
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        expect(cells).to_have_count(1, timeout=60_000)
+        _kernel_idle(url, token)
+        page.add_style_tag(content=".Toastify { display: none !important }")
+
+        def run_cell() -> Any:
+            cells.nth(0).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+            panel = page.locator(".nbtrain-panel")
+            expect(panel).to_be_visible(timeout=60_000)
+            return panel
+
+        panel = run_cell()
+        panel.locator("input[placeholder='./model-dir or org/name']").fill("./tiny-llama")
+        panel.locator("input[placeholder='data/train.jsonl']").fill("data/add.jsonl")
+        expect(panel.locator(".nbtrain-plan")).to_contain_text("Plan: lora sft", timeout=30_000)  # checked
+        _kernel_idle(url, token)
+        _post(url, token, f"api/kernels/{_kernel_ids(url, token)[0]}/restart")
+        _kernel_idle(url, token, runtime=tmp_path / "jupyter_runtime")
+        panel = run_cell()
+        expect(panel.locator("input[placeholder='./model-dir or org/name']")).to_have_value(
+            "./tiny-llama", timeout=30_000
+        )
+        expect(panel.locator("input[placeholder='data/train.jsonl']")).to_have_value("data/add.jsonl")
+        expect(panel).to_contain_text("the form this cell held before the kernel restarted")
+        expect(panel.locator(".nbtrain-plan")).to_contain_text("Plan: lora sft", timeout=30_000)
+        page.screenshot(path=str(shots / "panel-after-restart.png"))
+    assert not errors, errors

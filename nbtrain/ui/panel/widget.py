@@ -28,6 +28,7 @@ from nbtrain.control.prepare import check_config
 from nbtrain.control.prepare import validate as validate_config
 from nbtrain.control.runs.follow import FollowStopped, follow
 from nbtrain.control.runs.run import Run, get_run
+from nbtrain.ui.panel import saved
 from nbtrain.ui.panel.datapreview import PRE_STYLE, data_preview, preview_html, resolve_path, section_of
 from nbtrain.ui.panel.debounce import Debouncer
 from nbtrain.ui.panel.fields import (
@@ -50,6 +51,7 @@ from nbtrain.ui.panel.fields import (
 )
 from nbtrain.ui.panel.files import CANDIDATES_EVERY, data_candidates, model_candidates
 from nbtrain.ui.panel.plan import plan_html, plan_lines
+from nbtrain.ui.panel.style import CSS, ERROR_STYLE, FIELD_WIDTH, LABEL_WIDTH
 
 if TYPE_CHECKING:
     from nbtrain.ui.dashboard import Dashboard
@@ -59,36 +61,6 @@ if TYPE_CHECKING:
 
 ConfigSource = str | Path | Mapping[str, Any] | Run | None
 
-_LABEL_WIDTH = 168  # px; the labels are words, so they fit (no key path cut off)
-_FIELD_WIDTH = "372px"
-_ERROR_STYLE = f"color:#c62828;font-size:12px;line-height:1.3;margin:0 0 2px {_LABEL_WIDTH + 8}px"
-_CSS = f"""<style>
-.nbtrain-invalid input, .nbtrain-invalid select, .nbtrain-invalid textarea {{border-color:#c62828 !important}}
-.nbtrain-step {{border:1px solid var(--jp-border-color2, #e0e0e0); border-radius:6px;
-  padding:4px 10px 8px 10px; margin:0 0 10px 0}}
-.nbtrain-step-title {{font-size:14px; font-weight:600; margin:2px 0 6px 0;
-  color:var(--jp-ui-font-color0, #212121)}}
-.nbtrain-step-num {{display:inline-block; width:20px; height:20px; line-height:20px; border-radius:10px;
-  background:#1565c0; color:#fff; text-align:center; font-size:12px; margin-right:8px}}
-.nbtrain-step-hint {{font-weight:normal; font-size:12px; color:var(--jp-ui-font-color2, #757575);
-  margin-left:8px}}
-.nbtrain-label {{display:block; width:{_LABEL_WIDTH - 8}px; padding-right:8px; white-space:nowrap;
-  overflow:hidden; text-overflow:ellipsis; line-height:var(--jp-widgets-inline-height, 28px);
-  color:var(--jp-ui-font-color1, #424242); cursor:help}}
-.nbtrain-side-title {{font-weight:600; margin:4px 0; white-space:nowrap}}
-.nbtrain-data-help {{font-size:12px; line-height:1.5; color:var(--jp-ui-font-color2, #616161);
-  margin:2px 0 0 {_LABEL_WIDTH}px}}
-.nbtrain-data-help summary {{cursor:pointer}}
-.nbtrain-side-title small {{font-weight:normal; color:var(--jp-ui-font-color2, #757575)}}
-.nbtrain-buttons {{margin:6px 0 2px {_LABEL_WIDTH + 8}px}}
-.nbtrain-status {{margin:4px 0 0 {_LABEL_WIDTH + 8}px; font-size:12px; line-height:1.4;
-  color:var(--jp-ui-font-color1, #424242)}}
-.nbtrain-panel button:disabled {{filter:grayscale(100%); opacity:0.45 !important;
-  cursor:not-allowed !important; box-shadow:none !important}}
-.nbtrain-plan {{margin:6px 0 2px {_LABEL_WIDTH + 8}px; padding:4px 8px; font-size:12px; line-height:1.5;
-  border-left:3px solid #1565c0; background:var(--jp-layout-color2, #f5f5f5);
-  color:var(--jp-ui-font-color1, #424242)}}
-</style>"""
 # The comm target of the lab extension's "insert a cell" (labextension/src/tocell.ts).
 CELLS_TARGET: Final = "nbtrain.cells"
 
@@ -137,7 +109,7 @@ class ConfigPanel:
 
         self.fields: dict[str, Any] = {f.path: self._make_widget(f) for f in self.spec}
         self.labels = {
-            f.path: widgets.HTML(label_html(f), layout=widgets.Layout(width=f"{_LABEL_WIDTH}px", margin="0"))
+            f.path: widgets.HTML(label_html(f), layout=widgets.Layout(width=f"{LABEL_WIDTH}px", margin="0"))
             for f in self.spec
         }
         self.error_labels = {f.path: widgets.HTML("") for f in self.spec}
@@ -197,10 +169,16 @@ class ConfigPanel:
             self._apply_preset()
         finally:
             self._filling = False
+        # the form this cell held before a kernel restart (ui/panel/saved.py), for an empty panel
+        self._cell = saved.cell_key()
+        self._saved = None if config is not None else saved.load(self._cell)
         if isinstance(config, Run):
             self.set_config(config_from_run(config.config))
         elif config is not None:
             self.set_config(config)
+        elif self._saved is not None:
+            self.set_config(self._saved)
+            self._say("the form this cell held before the kernel restarted")
         else:
             self._refresh()
 
@@ -208,7 +186,7 @@ class ConfigPanel:
     def _make_widget(self, f: PanelField) -> Any:
         # No description: ipywidgets shows a tooltip only on a widget without one, so the label is a
         # widget of its own (label_html) and the key and its help show on both.
-        common: dict[str, Any] = {"layout": widgets.Layout(width=_FIELD_WIDTH), "tooltip": f.tooltip}
+        common: dict[str, Any] = {"layout": widgets.Layout(width=FIELD_WIDTH), "tooltip": f.tooltip}
         if f.kind == "choice":
             w = widgets.Dropdown(options=f.options(), value=f.default, **common)
             w.disabled = len(f.choices) < 2
@@ -268,7 +246,7 @@ class ConfigPanel:
         )
         return widgets.VBox(
             [
-                widgets.HTML(_CSS),
+                widgets.HTML(CSS),
                 self.preset_note,
                 widgets.HBox([form, side], layout=widgets.Layout(align_items="flex-start")),
                 self.live,
@@ -532,6 +510,9 @@ class ConfigPanel:
         text, cfg, base = item
         if time.monotonic() - self._candidates_at > CANDIDATES_EVERY:
             self._refresh_candidates(base)
+        if text != self._saved:
+            saved.save(self._cell, text)  # kept for this cell across a kernel restart
+            self._saved = text
         problems, prep = check_config(text)
         lines = plan_lines(prep) if prep is not None else []
         planned = dict(prep.train_args) if prep is not None else {}
@@ -602,7 +583,7 @@ class ConfigPanel:
         self._general_errors = list(self._all_general) if started else []
         for path, label in self.error_labels.items():
             msg = self._field_errors.get(path)
-            value = f"<div style='{_ERROR_STYLE}'>{html.escape(msg)}</div>" if msg else ""
+            value = f"<div style='{ERROR_STYLE}'>{html.escape(msg)}</div>" if msg else ""
             if label.value != value:
                 label.value = value
             w = self.fields[path]
@@ -615,7 +596,7 @@ class ConfigPanel:
     def _render_errors(self) -> None:
         items = [*self._general_errors, *([self._action_error] if self._action_error else [])]
         self.error_area.value = (
-            "".join(f"<pre style='{PRE_STYLE};{_ERROR_STYLE}'>{html.escape(m)}</pre>" for m in items)
+            "".join(f"<pre style='{PRE_STYLE};{ERROR_STYLE}'>{html.escape(m)}</pre>" for m in items)
             if items
             else ""
         )

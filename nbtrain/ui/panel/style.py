@@ -1,0 +1,34 @@
+"""The panel's look: its widths and its stylesheet (the classes its widgets add: nbtrain-step, ...)."""
+
+from __future__ import annotations
+
+LABEL_WIDTH = 168  # px; the labels are words, so they fit (no key path cut off)
+FIELD_WIDTH = "372px"
+ERROR_STYLE = f"color:#c62828;font-size:12px;line-height:1.3;margin:0 0 2px {LABEL_WIDTH + 8}px"
+CSS = f"""<style>
+.nbtrain-invalid input, .nbtrain-invalid select, .nbtrain-invalid textarea {{border-color:#c62828 !important}}
+.nbtrain-step {{border:1px solid var(--jp-border-color2, #e0e0e0); border-radius:6px;
+  padding:4px 10px 8px 10px; margin:0 0 10px 0}}
+.nbtrain-step-title {{font-size:14px; font-weight:600; margin:2px 0 6px 0;
+  color:var(--jp-ui-font-color0, #212121)}}
+.nbtrain-step-num {{display:inline-block; width:20px; height:20px; line-height:20px; border-radius:10px;
+  background:#1565c0; color:#fff; text-align:center; font-size:12px; margin-right:8px}}
+.nbtrain-step-hint {{font-weight:normal; font-size:12px; color:var(--jp-ui-font-color2, #757575);
+  margin-left:8px}}
+.nbtrain-label {{display:block; width:{LABEL_WIDTH - 8}px; padding-right:8px; white-space:nowrap;
+  overflow:hidden; text-overflow:ellipsis; line-height:var(--jp-widgets-inline-height, 28px);
+  color:var(--jp-ui-font-color1, #424242); cursor:help}}
+.nbtrain-side-title {{font-weight:600; margin:4px 0; white-space:nowrap}}
+.nbtrain-data-help {{font-size:12px; line-height:1.5; color:var(--jp-ui-font-color2, #616161);
+  margin:2px 0 0 {LABEL_WIDTH}px}}
+.nbtrain-data-help summary {{cursor:pointer}}
+.nbtrain-side-title small {{font-weight:normal; color:var(--jp-ui-font-color2, #757575)}}
+.nbtrain-buttons {{margin:6px 0 2px {LABEL_WIDTH + 8}px}}
+.nbtrain-status {{margin:4px 0 0 {LABEL_WIDTH + 8}px; font-size:12px; line-height:1.4;
+  color:var(--jp-ui-font-color1, #424242)}}
+.nbtrain-panel button:disabled {{filter:grayscale(100%); opacity:0.45 !important;
+  cursor:not-allowed !important; box-shadow:none !important}}
+.nbtrain-plan {{margin:6px 0 2px {LABEL_WIDTH + 8}px; padding:4px 8px; font-size:12px; line-height:1.5;
+  border-left:3px solid #1565c0; background:var(--jp-layout-color2, #f5f5f5);
+  color:var(--jp-ui-font-color1, #424242)}}
+</style>"""
