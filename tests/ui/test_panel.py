@@ -615,9 +615,13 @@ def test_launch_of_an_invalid_config_shows_errors_and_starts_nothing(
     p.fields["data.train"].value = "data/missing.jsonl"
     p.launch_button.click()
     assert p.run is None
-    assert p.general_errors[0].startswith("Invalid nbtrain config: 1 problem. Nothing was started.")
+    assert p.general_errors == ["Nothing was started: 1 problem, marked in red above"]  # no YAML lines
     assert p.errors["data.train"].startswith("data file not found")
+    assert p.launch_button.button_style == ""  # not green while the form would not start
     assert api.runs() == []
+    p.fields["data.train"].value = "data/add.jsonl"  # fixed: the message about the old form goes
+    assert _settled(p).general_errors == [] and p.errors == {}
+    assert p.launch_button.button_style == "success"
 
 
 def test_stop_without_a_launched_run_is_disabled_and_says_so(make_panel: type[ConfigPanel]) -> None:

@@ -434,6 +434,8 @@ class ConfigPanel:
             if self._by_path[path].kind == "choice":
                 self._set.add(path)
             self._touched.add(path)
+            if self._action_error is not None:  # the last button's error was about the form before this
+                self._action(None)
             self._refresh()
 
         return changed
@@ -571,6 +573,13 @@ class ConfigPanel:
             self._problems = {k: "\n".join(v) for k, v in by_field.items()}
             self._all_general = general
             self._show_problems()
+            ready = not by_field and not general  # Launch is green only for a form that would start
+            self.launch_button.button_style = "success" if ready else ""
+            self.launch_button.tooltip = (
+                "check the config and start it"
+                if ready
+                else "the form is not complete: Launch shows every problem"
+            )
 
     def _shows(self, path: str) -> bool:
         """Whether a field's problem shows: once Launch was pressed, once the user changed the field, or
@@ -627,6 +636,9 @@ class ConfigPanel:
             self._action(None)
             try:
                 action()
+            except ConfigError as e:  # shown on the fields, in the form's words: here only what it means
+                n = len(e.problems)
+                self._action(f"Nothing was started: {n} problem{'s' if n != 1 else ''}, marked in red above")
             except NbtrainError as e:
                 self._action(str(e))
             except Exception:  # noqa: BLE001 - a click has no cell: the traceback goes to the panel
