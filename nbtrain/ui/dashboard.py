@@ -96,6 +96,14 @@ def static_bundle(fig: go.Figure, text: str, header_html: str = "") -> dict[str,
     }
 
 
+def snapshot_note(now: float | None = None) -> str:
+    """What a live run's static picture adds to its header: when it was taken. The notebook's kernel
+    replaces it every few seconds; after a reload without the kernel, or once the kernel is gone, it stays,
+    and says how old it is."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(now))
+    return f"<span style='color:#6b7280'>· snapshot at {stamp}</span>"
+
+
 class Dashboard:
     """A live view of ``run``: ``show()`` it in a notebook, or ``follow()`` it until the run ends.
 
@@ -313,6 +321,8 @@ class Dashboard:
 
     def _static(self, st: RunStatus) -> dict[str, Any]:
         fig = build_figure(self.tail, st, estimate=self.estimate, name=self.run.name, extra=self.extra)
+        if not st.done:  # a picture of a run that goes on: seen without the kernel, it says when it was taken
+            fig.layout.title.text = f"{fig.layout.title.text} {snapshot_note()}"
         notes = self._notes_html(st)
         return static_bundle(fig, self.text(st), notes)
 

@@ -313,6 +313,8 @@ def test_show_displays_the_widget_with_a_static_snapshot_then_leaves_a_static_fi
     assert dash.box is not None
     assert first[WIDGET_MIME]["model_id"] == dash.box.model_id and PLOTLY_MIME not in first
     assert PLOTLY_MIME in snap.bundles[0] and WIDGET_MIME not in snap.bundles[0]
+    # seen without the kernel (a reload, a restart), the picture of the running run says when it was taken
+    assert "snapshot at " in snap.bundles[0][PLOTLY_MIME]["layout"]["title"]["text"]
     assert "<style>" in guard.bundles[0]["text/html"] and "nbtrain-live-" in dash.notes.value
     files.steps(4, 8)
     files.status("completed", step=7)
@@ -323,6 +325,7 @@ def test_show_displays_the_widget_with_a_static_snapshot_then_leaves_a_static_fi
     loss = next(t for t in final[PLOTLY_MIME]["data"] if t["name"] == "loss")
     assert loss["x"]["dtype"] == "f8"  # plotly's typed-array encoding
     assert "completed" in final[PLOTLY_MIME]["layout"]["title"]["text"]
+    assert "snapshot at" not in final[PLOTLY_MIME]["layout"]["title"]["text"]  # the final state: no time
     assert "cdn.plot.ly" in final["text/html"]
     assert snap.bundles[-1]["text/html"] == guard.bundles[-1]["text/html"] == ""
     # the widgets are closed: their models are freed in the kernel and the frontend
