@@ -29,6 +29,9 @@ export interface IRunInfo {
   losses: number[];
   error: { type?: string; message?: string } | null;
   updated: number | null;
+  // Its OpenAI-compatible model server while one runs (never its key): url null with a note when the
+  // server is another user's.
+  server: { url: string | null; pid?: number; engine?: string; device?: string; note?: string } | null;
 }
 
 export interface IGpuInfo {
@@ -83,10 +86,11 @@ export async function requestAPI<T>(
   return data as T;
 }
 
-export type RunAction = 'stop' | 'checkpoint' | 'resume' | 'delete';
+export type RunAction = 'stop' | 'checkpoint' | 'resume' | 'delete' | 'server/stop';
 
-/** POST runs/ID/ACTION. Stop waits until the run has saved its checkpoint and exited; delete answers
- * {id, trash} (where the run directory went), the others the run's new status. */
+/** POST runs/ID/ACTION. Stop waits until the run has saved its checkpoint and exited; server/stop until its
+ * model server has exited; delete answers {id, trash} (where the run directory went), the others the run's
+ * new status. */
 export function runAction<T = IRunInfo>(runId: string, action: RunAction): Promise<T> {
   return requestAPI<T>(`runs/${encodeURIComponent(runId)}/${action}`, {
     method: 'POST',

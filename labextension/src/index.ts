@@ -1,5 +1,5 @@
-// nbtrain's JupyterLab extension (also loaded by Jupyter Notebook 7): the "Training runs" sidebar, a
-// status-bar item, and %%finetune cells (YAML highlighting, config-key completion). All of it reads the
+// nbtrain's JupyterLab extension (also loaded by Jupyter Notebook 7): the "Training runs" sidebar, a run's
+// page in the main area, a status-bar item, and %%finetune cells (YAML highlighting, config-key completion). All of it reads the
 // server extension's REST API.
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICompletionProviderManager } from '@jupyterlab/completer';
@@ -11,6 +11,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { FinetuneCompletionProvider, highlightFinetuneCells } from './finetune';
 import { attachSource } from './logic';
 import { RunsModel } from './model';
+import { RunPage } from './runpage';
 import { RunsStatus } from './statusbar';
 import { RunsSidebar } from './sidebar';
 import { toCellPlugin } from './tocell';
@@ -97,7 +98,19 @@ const runsPlugin: JupyterFrontEndPlugin<void> = {
       return null;
     };
 
-    const sidebar = new RunsSidebar({ model, openDashboard });
+    const pages = new Map<string, RunPage>();
+    const openPage = (runId: string, name: string): void => {
+      let page = pages.get(runId);
+      if (!page || page.isDisposed) {
+        page = new RunPage(runId, name);
+        pages.set(runId, page);
+        page.disposed.connect(() => pages.delete(runId));
+        app.shell.add(page, 'main');
+      }
+      app.shell.activateById(page.id);
+    };
+
+    const sidebar = new RunsSidebar({ model, openDashboard, openPage });
     sidebar.title.icon = runsIcon;
     app.shell.add(sidebar, 'left', { rank: 600 });
 

@@ -163,8 +163,9 @@ export function stepsText(step: number, maxSteps: number | null): string {
   return maxSteps ? `step ${step}/${maxSteps}` : `step ${step}`;
 }
 
-export function activeRunsText(active: number): string {
-  return `nbtrain: ${active} active run${active === 1 ? '' : 's'}`;
+export function activeRunsText(active: number, servers = 0): string {
+  const runs = `nbtrain: ${active} active run${active === 1 ? '' : 's'}`;
+  return servers > 0 ? `${runs} · ${servers} model server${servers === 1 ? '' : 's'}` : runs;
 }
 
 const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
@@ -209,16 +210,20 @@ export function matchesFilter(run: IFilterable, query: string): boolean {
 export interface IGroupable {
   done: boolean;
   resumable: boolean;
+  // The run's model server while one runs (an ended run's too): such a run counts as active.
+  server?: unknown;
 }
 
-/** The sidebar's groups, each in the order given: runs going on; ended runs that Resume can continue
- * (stopped, or failed with a checkpoint: a group that never folds, so the run you just stopped stays in
- * sight); and the other ended ones. */
+/** The sidebar's groups, each in the order given: runs going on, and ended runs whose model server still
+ * runs (a process holding memory: never folded away); ended runs that Resume can continue (stopped, or
+ * failed with a checkpoint: a group that never folds, so the run you just stopped stays in sight); and the
+ * other ended ones. */
 export function groupRuns<T extends IGroupable>(runs: T[]): { active: T[]; resumable: T[]; finished: T[] } {
+  const live = (r: T) => !r.done || !!r.server;
   return {
-    active: runs.filter(r => !r.done),
-    resumable: runs.filter(r => r.done && r.resumable),
-    finished: runs.filter(r => r.done && !r.resumable)
+    active: runs.filter(live),
+    resumable: runs.filter(r => !live(r) && r.resumable),
+    finished: runs.filter(r => !live(r) && !r.resumable)
   };
 }
 
@@ -249,4 +254,73 @@ export function gpuTooltip(
  */
 export function attachSource(runId: string, loaded: boolean | null): string {
   return (loaded ? '' : '%load_ext nbtrain\n') + `%finetune attach ${runId}`;
+}
+
+/** One line of a chart: its points (step, value) in the order logged. */
+export interface ISeries {
+  name: string;
+  points: [number, number][];
+}
+
+export interface IChartGeometry {
+  paths: string[]; // one SVG path per series, in the chart's box (empty when it has under two points)
+  xMax: number;
+  yMin: number;
+  yMax: number;
+}
+
+/**
+ * The run page's line charts: every series of one chart against the step, in a box of width x height,
+ * on shared axes (x from 0 to the last step; y from the lowest to the highest value, or from 0 where all
+ * values are positive and `fromZero`). Values that are not finite are left out.
+ */
+export function chartGeometry(
+  series: ISeries[],
+  width: number,
+  height: number,
+  fromZero = false
+): IChartGeometry {
+  const finite = series.map(s => s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y)));
+  const all = finite.flat();
+  if (all.length === 0) {
+    return { paths: series.map(() => ''), xMax: 0, yMin: 0, yMax: 0 };
+  }
+  const xMax = Math.max(...all.map(([x]) => x)) || 1;
+  let yMin = Math.min(...all.map(([, y]) => y));
+  const yMax = Math.max(...all.map(([, y]) => y));
+  if (fromZero && yMin > 0) {
+    yMin = 0;
+  }
+  const span = yMax - yMin || 1;
+  const pad = 2;
+  const paths = finite.map(pts =>
+    pts.length < 2
+      ? ''
+      : pts
+          .map(([x, y], k) => {
+            const px = (x / xMax) * width;
+            const py = pad + (1 - (y - yMin) / span) * (height - 2 * pad);
+            return `${k === 0 ? 'M' : 'L'}${px.toFixed(1)} ${py.toFixed(1)}`;
+          })
+          .join(' ')
+  );
+  return { paths, xMax, yMin, yMax };
+}
+
+/** A number as an axis label: short, in the units a person reads (1.2k, 3e-4, 0.52). */
+export function axisLabel(v: number): string {
+  const a = Math.abs(v);
+  if (a === 0) {
+    return '0';
+  }
+  if (a >= 10000) {
+    return `${(v / 1000).toFixed(0)}k`;
+  }
+  if (a >= 1000) {
+    return `${(v / 1000).toFixed(1)}k`;
+  }
+  if (a < 0.01) {
+    return v.toExponential(0);
+  }
+  return String(Number(v.toPrecision(3)));
 }

@@ -21,6 +21,11 @@ export class RunsModel {
     return this.runs.filter(r => !r.done);
   }
 
+  /** The runs whose model server runs (the server's process, whatever the run's state). */
+  get servingRuns(): IRunInfo[] {
+    return this.runs.filter(r => !!r.server);
+  }
+
   start(): void {
     if (this._timer === null && !this._disposed) {
       void this._tick();

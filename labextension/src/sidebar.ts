@@ -1,10 +1,11 @@
-// The "Training runs" panel: a filter box, then the active runs, the ones Resume can continue, and the other
-// finished ones (a group that folds away), one card per run with its name, state, id, start time and folder,
-// progress, last loss, and the actions its state allows (the others are hidden, not disabled): Stop while it
-// is active, Checkpoint while it trains; Resume where a stopped or failed run has a checkpoint to continue
-// from, and Delete, once ended.
+// The "Training runs" panel: a filter box, then the active runs (and ended ones whose model server runs),
+// the ones Resume can continue, and the other finished ones (a group that folds away), one card per run with
+// its name, state, id, start time and folder, progress, last loss, its model server's address, and the
+// actions its state allows (the others are hidden, not disabled): Stop while it is active, Checkpoint while
+// it trains; Resume where a stopped or failed run has a checkpoint to continue from, Stop server while its
+// server runs, and Delete, once ended and not serving.
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
-import { caretDownIcon, deleteIcon, LabIcon } from '@jupyterlab/ui-components';
+import { caretDownIcon, deleteIcon, LabIcon, launchIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { IRunInfo, RunAction, runAction } from './api';
@@ -37,6 +38,8 @@ export interface ISidebarOptions {
   // Shows a dashboard of the run in the active notebook (a cell that attaches to it); resolves to null,
   // or to why it could not (no notebook open, no kernel).
   openDashboard: (runId: string) => Promise<string | null>;
+  // Opens (or brings forward) the run's page in the main area: no notebook or kernel needed.
+  openPage: (runId: string, name: string) => void;
 }
 
 interface IGroup {
@@ -50,7 +53,8 @@ const VERB: { [a in RunAction]: string } = {
   stop: 'stop',
   checkpoint: 'checkpoint',
   resume: 'resume',
-  delete: 'delete'
+  delete: 'delete',
+  'server/stop': 'stop the model server of'
 };
 
 export class RunsSidebar extends Widget {
@@ -58,6 +62,7 @@ export class RunsSidebar extends Widget {
     super();
     this._model = options.model;
     this._openDashboard = options.openDashboard;
+    this._openPage = options.openPage;
     this.addClass('nbtrain-sidebar');
     this.id = 'nbtrain-runs';
     this.title.caption = 'Training runs';
@@ -229,6 +234,12 @@ export class RunsSidebar extends Widget {
       </div>
       <div class="nbtrain-error"></div>
       <div class="nbtrain-run-note"></div>
+      <div class="nbtrain-server">
+        <span class="nbtrain-server-chip">serving</span>
+        <span class="nbtrain-server-url"></span>
+        <button class="jp-mod-styled nbtrain-server-stop" data-action="server/stop"
+          title="Stop this run's model server (its process group; the run itself is not touched)">Stop server</button>
+      </div>
       <div class="nbtrain-actions">
         <button class="jp-mod-styled nbtrain-stop" data-action="stop"
           title="Stop after the current step (it saves a checkpoint first)">Stop</button>
@@ -236,6 +247,9 @@ export class RunsSidebar extends Widget {
           title="Save a checkpoint after the current step and keep training">Checkpoint</button>
         <button class="jp-mod-styled nbtrain-resume" data-action="resume">Resume</button>
         <span class="nbtrain-actions-gap"></span>
+        <button class="jp-mod-styled nbtrain-page" data-action="page" aria-label="Page"
+          title="Open this run's page: its charts and log, live, no notebook needed"><span
+          class="nbtrain-open-label">Page</span></button>
         <button class="jp-mod-styled nbtrain-open" data-action="open" aria-label="Dashboard"
           title="Show this run's dashboard in the active notebook"><span
           class="nbtrain-open-label">Dashboard</span></button>
@@ -245,6 +259,9 @@ export class RunsSidebar extends Widget {
     row
       .querySelector('.nbtrain-open')!
       .prepend(dashboardIcon.element({ tag: 'span', className: 'nbtrain-icon' }));
+    row
+      .querySelector('.nbtrain-page')!
+      .prepend(launchIcon.element({ tag: 'span', className: 'nbtrain-icon' }));
     row
       .querySelector('.nbtrain-delete')!
       .append(deleteIcon.element({ tag: 'span', className: 'nbtrain-icon' }));
@@ -310,12 +327,29 @@ export class RunsSidebar extends Widget {
     note.title = note.textContent;
     note.style.display = why ? '' : 'none';
     const del = b('.nbtrain-delete');
-    show(del, run.done);
+    show(del, run.done && !run.server); // a run whose server runs is not deleted under it
     del.disabled = !!busy;
+    // Its model server, while one runs: where it answers, and a Stop of its own.
+    const server = q('.nbtrain-server');
+    server.style.display = run.server ? '' : 'none';
+    const where = run.server ? run.server.url ?? run.server.note ?? "another user's server" : '';
+    q('.nbtrain-server-url').textContent = where;
+    q('.nbtrain-server-url').title = run.server?.url
+      ? `OpenAI-compatible server of this run: ${run.server.url} (engine ${run.server.engine ?? 'builtin'}, ` +
+        `${run.server.device ?? 'cpu'}); its key is in the run's serve.json`
+      : where;
+    const stopServer = b('.nbtrain-server-stop');
+    show(stopServer, !!run.server?.url);
+    stopServer.disabled = !!busy;
+    stopServer.textContent = busy === 'server/stop' ? 'Stopping…' : 'Stop server';
   }
 
   private async _act(runId: string, action: string): Promise<void> {
     const run = this._model.runs.find(r => r.id === runId);
+    if (action === 'page') {
+      this._openPage(runId, run?.name ?? runId);
+      return;
+    }
     if (action === 'open') {
       const why = await this._openDashboard(runId);
       if (why !== null) {
@@ -360,6 +394,7 @@ export class RunsSidebar extends Widget {
 
   private _model: RunsModel;
   private _openDashboard: (runId: string) => Promise<string | null>;
+  private _openPage: (runId: string, name: string) => void;
   private _filter: HTMLInputElement;
   private _status: HTMLDivElement;
   private _active: IGroup;

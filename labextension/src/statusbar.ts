@@ -30,7 +30,7 @@ export class RunsStatus extends Widget {
 
   private _render(): void {
     const active = this._model.activeRuns.length;
-    const parts = [activeRunsText(active)];
+    const parts = [activeRunsText(active, this._model.servingRuns.length)];
     const { gpus, error } = this._model.gpus;
     if (gpus.length > 0) {
       const used = gpus.reduce((s, g) => s + g.memory_used, 0);

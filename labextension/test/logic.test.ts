@@ -3,7 +3,10 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import {
+  activeRunsText,
   attachSource,
+  axisLabel,
+  chartGeometry,
   completeFinetune,
   gpuTooltip,
   keysFor,
@@ -147,6 +150,22 @@ test('runs Resume can continue get a group of their own between the active and t
   );
 });
 
+test('an ended run whose model server still runs is listed with the active runs, and counted', () => {
+  const runs = [
+    { id: 'a', done: false, resumable: false, server: null },
+    { id: 'b', done: true, resumable: false, server: { url: 'http://127.0.0.1:8000/v1' } },
+    { id: 'c', done: true, resumable: true, server: { url: 'http://127.0.0.1:8001/v1' } },
+    { id: 'd', done: true, resumable: false, server: null }
+  ];
+  const g = groupRuns(runs);
+  assert.deepEqual(
+    [g.active, g.resumable, g.finished].map(xs => xs.map(r => r.id)),
+    [['a', 'b', 'c'], [], ['d']]
+  );
+  assert.equal(activeRunsText(1, 2), 'nbtrain: 1 active run · 2 model servers');
+  assert.equal(activeRunsText(0, 0), 'nbtrain: 0 active runs');
+});
+
 test('the GPU tooltip says there is no NVIDIA GPU instead of NVML error text', () => {
   assert.equal(
     gpuTooltip([], 'no NVIDIA driver (NVML Shared Library Not Found)'),
@@ -162,4 +181,26 @@ test('the attach cell loads the extension first unless the kernel has the magics
   assert.equal(attachSource('r-1', true), '%finetune attach r-1');
   assert.equal(attachSource('r-1', false), '%load_ext nbtrain\n%finetune attach r-1');
   assert.equal(attachSource('r-1', null), '%load_ext nbtrain\n%finetune attach r-1');
+});
+
+test('the run page charts share axes over every series and leave out values that are not finite', () => {
+  const g = chartGeometry(
+    [
+      { name: 'loss', points: [[1, 4], [2, 2], [3, NaN], [4, 1]] },
+      { name: 'eval_loss', points: [[2, 3]] }
+    ],
+    100,
+    50
+  );
+  assert.equal(g.xMax, 4);
+  assert.equal(g.yMin, 1);
+  assert.equal(g.yMax, 4);
+  assert.equal(g.paths[0], 'M25.0 2.0 L50.0 32.7 L100.0 48.0');
+  assert.equal(g.paths[1], ''); // one point: no line yet
+  assert.equal(chartGeometry([{ name: 'tokens', points: [[1, 5], [2, 10]] }], 10, 10, true).yMin, 0);
+  assert.deepEqual(chartGeometry([{ name: 'x', points: [] }], 10, 10).paths, ['']);
+  assert.deepEqual(
+    [12345, 1500, 0.52, 0.0003, 0].map(axisLabel),
+    ['12k', '1.5k', '0.52', '3e-4', '0']
+  );
 });

@@ -191,6 +191,13 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         expect(row.locator(".nbtrain-state")).to_have_text("running", timeout=120_000)
         run_id = row.get_attribute("data-run-id")
         page.wait_for_function(STEP_PAST_JS, arg=[run_id, stopped_at], timeout=120_000)
+        # the attach cell's view had ended on "stopped": it follows the resumed run again, within seconds
+        view_title = attach.locator(".js-plotly-plot >> visible=true").locator(".gtitle")
+        expect(view_title).to_contain_text("running", timeout=15_000)
+        deadline = time.monotonic() + 20
+        while int(re.findall(r"step (\d+)", view_title.text_content() or "")[0]) <= stopped_at:
+            assert time.monotonic() < deadline, view_title.text_content()
+            page.wait_for_timeout(250)
         page.screenshot(path=str(shots / "resumed.png"))
         row.locator(".nbtrain-stop").click()
         expect(row.locator(".nbtrain-state")).to_have_text("stopped", timeout=120_000)

@@ -225,3 +225,86 @@ def test_a_queued_slurm_run_shows_slurms_reason_and_place_and_stop_cancels_its_j
         assert job not in slurm_cluster.jobs()
     finally:
         slurm_cluster.run("scancel", blocker, check=False)
+
+
+def test_a_model_server_shows_on_its_runs_card_and_stops_from_there(
+    lab: tuple[str, str], tmp_path: Path, shots: Path, tuned_run: Path
+) -> None:
+    """A completed run whose model server still runs is listed with the active runs, with the server's
+    address (never its key) and a Stop server button; the status bar counts it; Stop server ends it."""
+    from playwright.sync_api import expect
+
+    from nbtrain.control.jobs.serve import find_server, serve
+    from nbtrain.control.runs import registry
+
+    root = Path.cwd() / "runs" / "20250103-000000-served-f00d"
+    shutil.copytree(tuned_run, root, ignore=shutil.ignore_patterns("serve.json", "logs", "checkpoints"))
+    registry.add(root.name, "served", root, None)
+    make_run("20250101-000001-done-beef", name="done", state="completed", step=10, losses=(0.5,))
+    handle = serve(root)
+    try:
+        with lab_page(lab, "lab", {"width": 1280, "height": 900}) as (_, page, errors):
+            page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click(timeout=60_000)
+            card = page.locator(f'.nbtrain-run[data-run-id="{root.name}"]')
+            expect(card).to_be_visible(timeout=20_000)
+            expect(page.locator(".nbtrain-group-active").locator(".nbtrain-run")).to_have_count(1)
+            expect(card.locator(".nbtrain-state")).to_have_text("completed")
+            expect(card.locator(".nbtrain-server-chip")).to_have_text("serving")
+            expect(card.locator(".nbtrain-server-url")).to_contain_text(handle.url)
+            assert handle.api_key and handle.api_key not in page.content()
+            expect(card.locator(".nbtrain-delete")).to_be_hidden()  # not deleted under its server
+            status = page.locator(".nbtrain-status")
+            expect(status).to_have_text("nbtrain: 0 active runs · 1 model server", timeout=10_000)
+            page.screenshot(path=str(shots / "sidebar-server.png"))
+            card.locator(".nbtrain-server-stop").click()
+            expect(card.locator(".nbtrain-server")).to_be_hidden(timeout=30_000)
+            expect(status).to_have_text("nbtrain: 0 active runs", timeout=10_000)
+            expect(page.locator(".nbtrain-group-active")).to_be_hidden()
+            expect(card.locator(".nbtrain-delete")).to_be_visible()
+        assert not errors, errors
+        assert find_server(root) is None and not handle.alive()
+    finally:
+        if find_server(root) is not None:
+            handle.stop()
+
+
+def test_a_runs_page_opens_from_its_card_with_no_notebook_open_and_follows_the_run(
+    lab: tuple[str, str], tmp_path: Path, shots: Path
+) -> None:
+    """The run's page of its own (the main area, from the card's Page): its state, steps, loss chart and
+    log, read from the server extension alone, following the run as it goes on and ends."""
+    import time
+
+    from playwright.sync_api import expect
+
+    from nbtrain.contract.rundir import JsonlWriter
+
+    paths = make_run(
+        "20250104-000000-paged-abcd", name="paged", state="running", step=3, losses=(2.0, 1.5, 1.25)
+    )
+    with lab_page(lab, "lab", {"width": 1280, "height": 900}) as (_, page, errors):
+        page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click(timeout=60_000)
+        card = page.locator('.nbtrain-run[data-run-id="20250104-000000-paged-abcd"]')
+        expect(card).to_be_visible(timeout=20_000)
+        card.locator(".nbtrain-page").click()
+        view = page.locator(".nbtrain-run-page")
+        expect(view.locator(".nbtrain-page-name")).to_have_text("paged", timeout=10_000)
+        expect(view.locator(".nbtrain-state")).to_have_text("running")
+        expect(view.locator(".nbtrain-page-steps")).to_have_text("step 3/10")
+        loss = view.locator('path[data-metric="loss"]')
+        expect(loss).to_have_attribute("d", re.compile(r"^M[\d. ]+L[\d. ]+L[\d. ]+$"))
+        expect(view.locator(".nbtrain-page-log")).to_contain_text("line 99")
+        expect(page.locator(".lm-TabBar-tab", has_text="paged")).to_be_visible()  # a tab of its own
+        w = JsonlWriter(paths.metrics, "metrics")  # the run goes on
+        for step, value in ((4, 1.0), (5, 0.8)):
+            w.write({"t": time.time(), "step": step, "loss": value, "lr": 1e-3, "tokens_per_s": 900.0})
+        w.close()
+        write_status(paths, "running", step=5, max_steps=10)
+        expect(view.locator(".nbtrain-page-steps")).to_have_text("step 5/10", timeout=10_000)
+        expect(loss).to_have_attribute("d", re.compile(r"^M[\d. ]+(L[\d. ]+){4}$"))
+        expect(view.locator('path[data-metric="tokens_per_s"]')).to_have_count(1)
+        page.screenshot(path=str(shots / "run-page.png"))
+        write_status(paths, "completed", step=5, max_steps=10)
+        expect(view.locator(".nbtrain-state")).to_have_text("completed", timeout=10_000)
+        expect(view.locator(".nbtrain-stop")).to_be_hidden()
+    assert not errors, errors

@@ -174,6 +174,21 @@ def _model_name(run: Run) -> str:
     return Path(model).name if model.startswith(("/", ".", "~")) else model
 
 
+def _server(run: Run) -> dict[str, Any] | None:
+    """The run's live model server as the sidebar shows it (its URL, never its key), or None."""
+    from nbtrain.control.jobs.serve import ServeError, find_server
+
+    try:
+        handle = find_server(run)
+    except ServeError as e:  # another user's server: its serve.json (with the key) is theirs to read
+        return {"url": None, "note": str(e)}
+    except (NbtrainError, OSError, ValueError, KeyError, TypeError):
+        return None  # a serve.json being written, or torn: the next poll reads it
+    if handle is None:
+        return None
+    return {"url": handle.url, "pid": handle.pid, "engine": handle.engine, "device": handle.device}
+
+
 def _status_dict(run: Run, row: registry.Row, st: RunStatus) -> dict[str, Any]:
     problems: list[str] = []  # files of the run that cannot be read (the rest of it still shows)
     try:
@@ -201,6 +216,7 @@ def _status_dict(run: Run, row: registry.Row, st: RunStatus) -> dict[str, Any]:
         "loss": loss,
         "losses": losses,
         "problems": problems,
+        "server": _server(run),
     }
 
 
@@ -224,6 +240,7 @@ def _unreadable(row: registry.Row, e: Exception) -> dict[str, Any]:
         "loss": None,
         "losses": [],
         "problems": [str(e)],
+        "server": None,
     }
 
 
@@ -299,6 +316,19 @@ def delete_run(run_id: str) -> dict[str, Any]:
             f"run {run_id} has a model server running: stop it first (%finetune serve --stop {run_id})"
         )
     return {"id": run_id, "trash": str(trash_run(run))}
+
+
+def stop_server(run_id: str) -> dict[str, Any]:
+    """Stop the run's model server (SIGTERM to its process group, checked to be the one serve.json names,
+    SIGKILL after 15 s); a run without one is said so (a 409)."""
+    from nbtrain.control.jobs.serve import find_server
+
+    run, row = _lookup(run_id)
+    handle = find_server(run)
+    if handle is None:
+        raise NbtrainError(f"run {run_id} has no model server running")
+    handle.stop()
+    return _status_dict(run, row, run.status())
 
 
 def checkpoint_run(run_id: str) -> dict[str, Any]:
@@ -507,6 +537,12 @@ class DeleteHandler(_Base):
         await self._reply(delete_run, run_id)
 
 
+class ServerStopHandler(_Base):
+    @tornado.web.authenticated
+    async def post(self, run_id: str) -> None:
+        await self._reply(stop_server, run_id)
+
+
 class GpusHandler(_Base):
     @tornado.web.authenticated
     async def get(self) -> None:
@@ -547,6 +583,7 @@ def setup_handlers(web_app: Any) -> None:
         (run + "/checkpoint", CheckpointHandler),
         (run + "/resume", ResumeHandler),
         (run + "/delete", DeleteHandler),
+        (run + "/server/stop", ServerStopHandler),
         ("gpus", GpusHandler),
         ("schema", SchemaHandler),
         ("validate", ValidateHandler),

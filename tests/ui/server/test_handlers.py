@@ -46,6 +46,7 @@ ROUTES = [
     ("POST", "runs/a-1/checkpoint"),
     ("POST", "runs/a-1/resume"),
     ("POST", "runs/a-1/delete"),
+    ("POST", "runs/a-1/server/stop"),
     ("GET", "gpus"),
     ("GET", "schema"),
     ("POST", "validate"),
@@ -429,3 +430,33 @@ async def test_checkpoint_then_stop_a_real_run_through_the_api(jp_fetch: Fetch, 
     assert logs["text"]
     listed = await get_json(jp_fetch, "runs")
     assert [(r["id"], r["state"]) for r in listed] == [(run.id, "stopped")]
+
+
+@pytest.mark.slow
+async def test_a_runs_model_server_is_listed_with_its_address_not_its_key_and_stopped_from_the_sidebar(
+    jp_fetch: Fetch, tuned_run: Path
+) -> None:
+    import shutil
+
+    from nbtrain.control.jobs.serve import find_server, serve
+    from nbtrain.control.runs import registry
+
+    root = Path.cwd() / "runs" / "served-1"
+    shutil.copytree(tuned_run, root, ignore=shutil.ignore_patterns("serve.json", "logs", "checkpoints"))
+    registry.add("served-1", "served", root, None)
+    make_run("plain-2", state="completed", step=10)
+    handle = serve(root)
+    try:
+        listed = {r["id"]: r for r in await get_json(jp_fetch, "runs")}
+        assert listed["plain-2"]["server"] is None
+        server = listed["served-1"]["server"]
+        assert server["url"] == handle.url and server["pid"] == handle.pid
+        assert handle.api_key and handle.api_key not in json.dumps(listed)  # the key stays in serve.json
+        resp = await jp_fetch("nbtrain", "runs", "served-1", "server", "stop", method="POST", body="{}")
+        assert json.loads(resp.body)["server"] is None and find_server(root) is None
+        assert not handle.alive()
+        code = await status_code(jp_fetch, "runs", "served-1", "server", "stop", method="POST", body="{}")
+        assert code == 409  # none runs now: said, not a silent 200
+    finally:
+        if find_server(root) is not None:
+            handle.stop()
