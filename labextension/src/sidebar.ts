@@ -289,6 +289,7 @@ export class RunsSidebar extends Widget {
     q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
     row.dataset.state = run.state;
     row.dataset.done = String(run.done);
+    row.dataset.resumable = String(run.resumable);
     q('.nbtrain-steps').textContent = run.phase ?? stepsText(run.step, run.max_steps);
     // Before the first step the phase line takes the whole width (no sparkline or loss yet).
     q('.nbtrain-run-detail').classList.toggle('nbtrain-has-phase', !!run.phase);

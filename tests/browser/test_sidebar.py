@@ -244,6 +244,7 @@ def test_a_model_server_shows_on_its_runs_card_and_stops_from_there(
     handle = serve(root)
     try:
         with lab_page(lab, "lab", {"width": 1280, "height": 900}) as (_, page, errors):
+            page.add_style_tag(content=".Toastify { display: none !important }")  # JupyterLab's news toast
             page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click(timeout=60_000)
             card = page.locator(f'.nbtrain-run[data-run-id="{root.name}"]')
             expect(card).to_be_visible(timeout=20_000)
@@ -283,6 +284,7 @@ def test_a_runs_page_opens_from_its_card_with_no_notebook_open_and_follows_the_r
         "20250104-000000-paged-abcd", name="paged", state="running", step=3, losses=(2.0, 1.5, 1.25)
     )
     with lab_page(lab, "lab", {"width": 1280, "height": 900}) as (_, page, errors):
+        page.add_style_tag(content=".Toastify { display: none !important }")  # JupyterLab's news toast
         page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click(timeout=60_000)
         card = page.locator('.nbtrain-run[data-run-id="20250104-000000-paged-abcd"]')
         expect(card).to_be_visible(timeout=20_000)
