@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import itertools
 import json
 import math
 import threading
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.contract.errors import NbtrainError
-from nbtrain.contract.rundir import TERMINAL_STATES, RunPaths, open_regular, parse_record
+from nbtrain.contract.rundir import TERMINAL_STATES, RunPaths, open_regular
 from nbtrain.control.runs.follow import FollowStopped, follow
 from nbtrain.control.runs.metrics import JsonlTail
 
@@ -144,8 +145,9 @@ def record_mismatch(rec: Mapping[str, Any]) -> str | None:
     size, digest = (ev.get("metrics_bytes"), ev.get("metrics_sha256")) if isinstance(ev, Mapping) else (0, 0)
     if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0 and isinstance(digest, str)):
         return "the record carries no evidence of its run (made by an older nbtrain, or edited)"
-    paths = RunPaths(Path(str(rec.get("run_dir") or "")))
-    if not str(rec.get("run_dir") or "") or not paths.root.is_dir():
+    run_dir = str(rec.get("run_dir") or "")
+    paths = RunPaths(Path(run_dir))
+    if not run_dir or not paths.root.is_dir():
         return (
             f"its run directory {rec.get('run_dir')} is not here: grade where it is, or pass verify=False "
             f"to grade the record as it stands"
@@ -153,7 +155,8 @@ def record_mismatch(rec: Mapping[str, Any]) -> str | None:
     data = _prefix(paths.metrics, size)
     if data is None or hashlib.sha256(data).hexdigest() != digest:
         return "the run's metrics.jsonl does not begin with the bytes the record was made from"
-    logged, first, final = _metric_summary(r for r in map(parse_record, data.splitlines()) if r is not None)
+    tail = JsonlTail(paths.metrics)  # the one reader, as run_record read it, up to the recorded bytes
+    logged, first, final = _metric_summary(itertools.takewhile(lambda _: tail.offset <= size, tail.records()))
     differ = [
         name
         for name, mine, theirs in (

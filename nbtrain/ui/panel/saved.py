@@ -20,7 +20,7 @@ import yaml
 from nbtrain.contract.paths import home_dir
 from nbtrain.contract.rundir import atomic_write_text
 from nbtrain.control.config.problems import Problems
-from nbtrain.control.config.rules.secrets import secret_problems
+from nbtrain.control.config.rules.secrets import HF_TOKEN_VALUE, secret_problems
 
 MAX_BYTES = 256 * 1024  # a form's YAML is a few hundred bytes; anything far past that is not kept
 _CELL_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -64,18 +64,6 @@ def load(key: tuple[str, str] | None) -> str | None:
     return None if is_empty(text) else text
 
 
-def has_secret(text: str) -> bool:
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return bool(re.search(r"hf_[A-Za-z0-9]{30,}", text))
-    if not isinstance(raw, dict):
-        return False
-    probs = Problems(text)
-    secret_problems(raw, probs)
-    return bool(probs.items)
-
-
 def _empty(value: object) -> bool:
     """A form with no value filled in (an empty panel's YAML is ``data: {}``)."""
     if isinstance(value, dict):
@@ -92,12 +80,29 @@ def is_empty(text: str) -> bool:
         return not text.strip()
 
 
+def _keep(text: str) -> bool:
+    """Whether ``text`` is a form to keep: not empty, not too big, and no secret in it (parsed once; the
+    config's own secret rule decides)."""
+    if len(text.encode()) > MAX_BYTES:
+        return False
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:  # kept as typed, unless a token shows in it
+        return bool(text.strip()) and not HF_TOKEN_VALUE.search(text)
+    if _empty(raw):
+        return False
+    probs = Problems(text)
+    if isinstance(raw, dict):
+        secret_problems(raw, probs)
+    return not probs.items
+
+
 def save(key: tuple[str, str] | None, text: str) -> bool:
     """Keep ``text`` as the cell's form (an empty form removes it); False when it is not kept."""
     if key is None:
         return False
     p = path_of(key)
-    if is_empty(text) or len(text.encode()) > MAX_BYTES or has_secret(text):
+    if not _keep(text):
         p.unlink(missing_ok=True)
         return False
     try:

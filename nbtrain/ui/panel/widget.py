@@ -54,6 +54,7 @@ from nbtrain.ui.panel.plan import plan_html, plan_lines
 from nbtrain.ui.panel.style import CSS, ERROR_STYLE, FIELD_WIDTH, LABEL_WIDTH
 
 if TYPE_CHECKING:
+    from nbtrain.control.prepare import Prepared
     from nbtrain.ui.dashboard import Dashboard
     from nbtrain.ui.export_box import ExportBox
 
@@ -516,9 +517,6 @@ class ConfigPanel:
             saved.save(self._cell, text)  # kept for this cell across a kernel restart
             self._saved = text
         problems, prep = check_config(text)
-        lines = plan_lines(prep) if prep is not None else []
-        planned = dict(prep.train_args) if prep is not None else {}
-        planned_plan = prep.plan.to_dict() if prep is not None else {}
         key = (_preview_inputs(cfg, base), self.preview_rows)
         html_preview = None
         if key != self._preview_key:
@@ -527,17 +525,20 @@ class ConfigPanel:
             return  # a newer change is queued; its check will show the current state
         with self._lock:
             self._apply_problems(problems)
-            self._show_plan(lines, planned)
-            self.planned_plan = planned_plan
+            self._show_plan(prep)
             if html_preview is not None:
                 self.preview.value = html_preview
                 self._preview_key = key
 
-    def _show_plan(self, lines: list[str], planned: dict[str, Any]) -> None:
-        """The plan Launch would start, under the form; each empty training field shows the value that plan
-        uses ("planned"), or its default until the config is whole."""
-        self.plan_text, self.planned = lines, planned
-        self.plan_area.value = plan_html(lines) if lines else ""
+    def _show_plan(self, prep: Prepared | None) -> None:
+        """The plan Launch would start (None: the form would not start), under the form; each empty
+        training field shows the value that plan uses ("planned"), or its default until the config is
+        whole."""
+        self.plan_text = plan_lines(prep) if prep is not None else []
+        self.planned = dict(prep.train_args) if prep is not None else {}
+        self.planned_plan = prep.plan.to_dict() if prep is not None else {}
+        self.plan_area.value = plan_html(self.plan_text) if self.plan_text else ""
+        planned = self.planned
         for f in self.spec:
             w = self.fields[f.path]
             key = f.path.removeprefix("train.")

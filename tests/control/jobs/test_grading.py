@@ -148,3 +148,23 @@ def test_a_record_edited_by_hand_or_without_its_run_fails_the_check(
     metrics = copied / "metrics.jsonl"
     metrics.write_text(metrics.read_text().replace('"loss": ', '"loss": 0.0001, "was": '))
     assert "does not begin with the bytes" in why({**rec, "run_dir": str(copied)})
+
+
+def test_a_record_taken_mid_run_still_matches_once_its_run_has_logged_more(
+    graded: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    """metrics.jsonl only grows: a record made earlier is checked against the bytes it was made from, not
+    against the lines logged after it."""
+    import json
+    import shutil
+
+    from nbtrain.control.jobs.grading import record_mismatch, run_record
+
+    _, _, run_dir = graded
+    copied = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copied)
+    rec = run_record(copied)
+    with (copied / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"t": 0.0, "step": 99, "loss": 0.001}) + "\n")
+    assert record_mismatch(rec) is None
+    assert run_record(copied)["final_metrics"]["loss"] == 0.001  # a new record reads the new line

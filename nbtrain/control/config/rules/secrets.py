@@ -16,7 +16,7 @@ _SECRET_KEYS = frozenset(
 )  # fmt: skip
 _SECRET_SUFFIXES = ("_api_key", "_apikey", "_password", "_secret", "_secret_key", "_access_token",
                     "_auth_token", "_hub_token", "_hf_token")  # fmt: skip
-_HF_TOKEN_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")  # what a Hugging Face access token looks like
+HF_TOKEN_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")  # what a Hugging Face access token looks like
 SECRET_ADVICE = (
     "a config is kept in plain text (config.yaml and resolved.json in the run directory, the run record "
     "in the saved notebook), so nbtrain takes no secrets in it. Remove it and set it in the environment, "
@@ -49,5 +49,5 @@ def secret_problems(raw: dict[str, Any], probs: Problems) -> None:
                     stack.append(((*path, str(k)), v))
         elif isinstance(value, list):
             stack.extend(((*path, i), v) for i, v in enumerate(value))
-        elif isinstance(value, str) and (m := _HF_TOKEN_VALUE.search(value)):
+        elif isinstance(value, str) and (m := HF_TOKEN_VALUE.search(value)):
             probs.add(path, f"this value holds a Hugging Face token: {SECRET_ADVICE}", secret=m.group(0))
