@@ -128,9 +128,10 @@ def npu_facts(
     return Accelerator("npu", len(ids), f"Ascend NPU x{len(ids)} (torch_npu {torch_npu})"), None
 
 
-# Optional GPU kernel libraries, by import name: Liger's Triton kernels (TRL's use_liger_kernel) and
-# flash-attention 2 (attn_implementation: flash_attention_2).
-FAST_KERNELS = ("liger_kernel", "flash_attn")
+# Optional GPU kernel libraries, by import name: Liger's Triton kernels (TRL's use_liger_kernel),
+# flash-attention 2 (attn_implementation: flash_attention_2) and flash-attention 3 for Hopper (the
+# flash-attn-3 distribution's module, which transformers loads for flash_attention_3).
+FAST_KERNELS = ("liger_kernel", "flash_attn", "flash_attn_interface")
 
 
 def installed_kernels() -> tuple[str, ...]:

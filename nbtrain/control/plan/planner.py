@@ -54,6 +54,8 @@ class Plan:
     padding_free: bool | None = None
     # learning_rate when the planner chose it (an SFT adapter, train: left it out): LORA_LEARNING_RATE
     learning_rate: float | None = None
+    # optim when the planner chose it (a CUDA run, train: left it out): torch's fused AdamW
+    optim: str | None = None
     # Estimate.to_dict() of this plan, with the fit rule's capacity_bytes and usable_bytes, and the device
     estimate: dict[str, Any] | None = None
     fits: bool = True  # by nbtrain.control.plan.fit, the one rule the estimate's table uses too
@@ -231,6 +233,69 @@ def sharding_ladder() -> tuple[list[tuple[str, str]], str]:
             ("zero3", "optimizer+params")], ""  # fmt: skip
 
 
+def _choose_adapter_method(res: Resolved, hw: Hardware, plan: Plan, mc: Mapping[str, Any]) -> None:
+    """method: auto on NVIDIA GPUs, the first that fits as configured (its micro-batch; checkpointing where
+    nbtrain may turn it on): LoRA on one GPU's 16-bit weights; on several GPUs LoRA with the weights sharded
+    by ZeRO-3; QLoRA's 4-bit copy on each GPU; on several GPUs LoRA sharded with offload; else QLoRA (which
+    the fit rule then refuses with the smallest change). LoRA on the 16-bit base is the better of the two
+    wherever it fits: no dequantising (QLoRA ran at 0.76x LoRA's tokens/s on an H200, bench/results/gpu.md)
+    and no 4-bit rounding of the base. The peers do the same (docs/plans.md): torchtune runs Llama 3.1 8B's
+    LoRA on one 24 GB card (16.2 GiB measured, tests/fixtures/published_peaks.json) and 70B's sharded over 8
+    GPUs; Unsloth and LLaMA-Factory reach for QLoRA on cards where LoRA does not fit."""
+    reasons = plan.reasons
+    cap = min(g.memory_total for g in hw.gpus)
+    weights16 = 2 * memory.count_parameters(mc).total
+    lora = fits(estimate_for(res.config, plan, mc, method="lora"), hw)
+    if lora.ok:
+        plan.method = "lora"
+        reasons.append(
+            f"method lora: LoRA on the 16-bit weights ({_gib(weights16)}) fits one GPU as configured "
+            f"({lora.why})"
+        )
+        return
+    sharded = _sharded_lora(res, hw, plan, mc, offload=False)
+    if sharded is None:
+        qlora = fits(estimate_for(res.config, plan, mc, method="qlora"), hw)
+        if not qlora.ok:
+            sharded = _sharded_lora(res, hw, plan, mc, offload=True)
+    if sharded is not None:
+        plan.method = "lora"
+        reasons.append(sharded)
+        return
+    why = bitsandbytes_problem(tuple(sys.path))
+    if why is None:
+        plan.method = "qlora"
+        reasons.append(
+            f"method qlora: LoRA on the 16-bit weights ({_gib(weights16)}) would not fit one GPU "
+            f"({_gib(cap)}: {lora.why}); 4-bit weights leave room to train"
+        )
+    else:
+        plan.method = "lora"
+        plan.warnings.append(f"QLoRA would suit this card, but {why}")
+
+
+def _sharded_lora(
+    res: Resolved, hw: Hardware, plan: Plan, mc: Mapping[str, Any], *, offload: bool
+) -> str | None:
+    """On several GPUs with strategy: auto, the reason for LoRA with its 16-bit weights sharded by ZeRO-3
+    (``offload``: the first rung of the ladder with offload that fits), or None when none fits. QLoRA
+    cannot be sharded here (4-bit weights: ``estimate``'s combination rule)."""
+    if plan.world_size < 2 or res.config.distributed.strategy != "auto" or plan.device != "cuda":
+        return None
+    ladder, _ = sharding_ladder()
+    for strategy, off in ladder[1:]:
+        if strategy == "ddp" or (off != "none") is not offload:
+            continue
+        if fits(estimate_for(res.config, plan, mc, method="lora", strategy=strategy, offload=off), hw).ok:
+            how = f"{strategy}{' + offload ' + off if off != 'none' else ''}"
+            return (
+                f"method lora: the 16-bit weights do not fit one GPU, and {how} shards them over "
+                f"{plan.world_size} GPUs"
+                + (" (QLoRA's 4-bit copy on each would not fit either)" if offload else "")
+            )
+    return None
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -257,24 +322,7 @@ def _plan_memory(res: Resolved, hw: Hardware, plan: Plan) -> None:
             plan.method = "lora"
             reasons.append(f"method lora: QLoRA is not offered on {plan.device} ({QLORA_WHY[plan.device]})")
         else:
-            weights16 = 2 * memory.count_parameters(mc).total
-            cap = min(g.memory_total for g in hw.gpus)
-            if weights16 > cap / 2:
-                why = bitsandbytes_problem(tuple(sys.path))
-                if why is None:
-                    plan.method = "qlora"
-                    reasons.append(
-                        f"method qlora: the 16-bit weights ({_gib(weights16)}) take over half of one GPU "
-                        f"({_gib(cap)}); 4-bit weights leave room to train"
-                    )
-                else:
-                    plan.method = "lora"
-                    plan.warnings.append(f"QLoRA would suit this card, but {why}")
-            else:
-                plan.method = "lora"
-                reasons.append(
-                    f"method lora: the 16-bit weights ({_gib(weights16)}) fit one GPU ({_gib(cap)})"
-                )
+            _choose_adapter_method(res, hw, plan, mc)
     _plan_kernels(cfg, hw, plan, mc)  # before the memory choices: Liger's kernels keep less
     if mc is None:
         if cfg.train.get("per_device_train_batch_size") == "auto":
@@ -283,7 +331,10 @@ def _plan_memory(res: Resolved, hw: Hardware, plan: Plan) -> None:
         return
     d = cfg.distributed
     try:
-        if d.strategy == "auto" and plan.device == "cuda" and plan.world_size > 1 and plan.method == "full":
+        if (
+            d.strategy == "auto" and d.offload == "none" and plan.device == "cuda" and plan.world_size > 1
+            and plan.method != "qlora"
+        ):  # fmt: skip
             ladder, why_ladder = sharding_ladder()
             for strategy, offload in ladder:
                 tried = fits(estimate_for(cfg, plan, mc, strategy=strategy, offload=offload), hw)
@@ -337,38 +388,86 @@ LIGER_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "
 
 
 def _plan_kernels(cfg: RunConfig, hw: Hardware, plan: Plan, mc: Mapping[str, Any] | None) -> None:
-    """The GPU fast paths, each from facts and with its reason: the attention kernel, and Liger's."""
+    """The GPU fast paths, each from facts and with its reason: the attention kernel, Liger's, the fused
+    optimizer and torch.compile (never on a CPU, an Apple or an Ascend device)."""
     _plan_attention(cfg, hw, plan)
     _plan_liger(cfg, hw, plan, mc)
     _plan_padding_free(cfg, plan, mc)
+    _plan_optimizer(cfg, plan)
+    _plan_compile(cfg, plan)
 
 
 FLASH_ATTENTION_CC = (8, 0)  # flash-attention 2 runs on Ampere and newer
+FLASH_ATTENTION_3_CC = (9, 0)  # flash-attention 3 is written for Hopper (sm90) alone
 
 
 def _plan_attention(cfg: RunConfig, hw: Hardware, plan: Plan) -> None:
-    """flash_attention_2 where flash-attn is installed, every GPU this run uses is Ampere or newer and
-    the run is in 16 bits; otherwise transformers' default, PyTorch's SDPA (its own flash kernel where the
-    card has one). A run that names one (train: model_init_kwargs: attn_implementation) keeps it."""
+    """flash_attention_3 where flash-attn-3 is installed and every GPU this run uses is a Hopper;
+    flash_attention_2 where flash-attn is installed and every GPU is Ampere or newer; both only in 16 bits.
+    Otherwise transformers' default, PyTorch's SDPA (its own flash kernel where the card has one). A run
+    that names one (train: model_init_kwargs: attn_implementation) keeps it."""
     asked = (cfg.train.get("model_init_kwargs") or {}).get("attn_implementation")
-    if plan.device != "cuda" or asked is not None or "flash_attn" not in hw.kernels:
+    have = [k for k in ("flash_attn_interface", "flash_attn") if k in hw.kernels]
+    if plan.device != "cuda" or asked is not None or not have:
         return
     gpus = [g for g in hw.gpus if g.index in plan.gpus] or hw.gpus
+    keep = " (train: model_init_kwargs: {attn_implementation: sdpa} to use PyTorch's instead)"
+    if plan.precision not in ("bf16", "fp16"):
+        plan.reasons.append(f"attention sdpa: flash-attention runs in bf16 or fp16, not {plan.precision}")
+        return
+    hopper = [g.compute_capability[0] == FLASH_ATTENTION_3_CC[0] for g in gpus]
+    if "flash_attn_interface" in have and all(hopper):
+        plan.attn_implementation = "flash_attention_3"
+        plan.reasons.append(
+            "attention flash_attention_3: flash-attn-3 is installed and the GPU is a Hopper (compute "
+            "capability 9.0)" + keep
+        )
+        return
     old = [g for g in gpus if g.compute_capability < FLASH_ATTENTION_CC]
-    if old:
-        cc = ".".join(map(str, old[0].compute_capability))
-        plan.reasons.append(
-            f"attention sdpa: flash-attn is installed, but flash-attention 2 needs compute capability 8.0 "
-            f"or newer ({old[0].name}: {cc})"
-        )
-    elif plan.precision not in ("bf16", "fp16"):
-        plan.reasons.append(f"attention sdpa: flash-attention 2 runs in bf16 or fp16, not {plan.precision}")
-    else:
-        plan.attn_implementation = "flash_attention_2"
-        plan.reasons.append(
-            "attention flash_attention_2: flash-attn is installed and the GPU has compute capability >= 8.0 "
-            "(train: model_init_kwargs: {attn_implementation: sdpa} to use PyTorch's instead)"
-        )
+    if "flash_attn" not in have or old:
+        fa2 = "flash_attn" in have
+        g = old[0] if fa2 else gpus[hopper.index(False)]
+        cc = ".".join(map(str, g.compute_capability))
+        what = "flash-attention 2 needs compute capability 8.0 or newer" if fa2 else (
+            "flash-attn-3 runs on Hopper (compute capability 9.0) alone"
+        )  # fmt: skip
+        plan.reasons.append(f"attention sdpa: {' and '.join(have)} installed, but {what} ({g.name}: {cc})")
+        return
+    plan.attn_implementation = "flash_attention_2"
+    plan.reasons.append(
+        "attention flash_attention_2: flash-attn is installed and the GPU has compute capability >= 8.0"
+        + keep
+    )
+
+
+FUSED_ADAMW = "adamw_torch_fused"
+
+
+def _plan_optimizer(cfg: RunConfig, plan: Plan) -> None:
+    """optim left out, on a CUDA GPU: torch's fused AdamW (one kernel updates every tensor; transformers'
+    own default, written into the run so the plan and the estimate say it). Kept for QLoRA too, where the
+    QLoRA paper and Unsloth use 8-bit paged AdamW: an adapter's fp32 states are a few hundred MiB at most
+    (the estimate counts them), and the fused kernel is the faster one."""
+    if plan.device != "cuda" or "optim" in cfg.train:
+        return
+    plan.optim = FUSED_ADAMW
+    plan.reasons.append(
+        f"optim {FUSED_ADAMW}: torch's fused AdamW, one kernel per step for every tensor (train: optim "
+        f"sets another, e.g. paged_adamw_8bit to save the optimizer's memory)"
+    )
+
+
+def _plan_compile(cfg: RunConfig, plan: Plan) -> None:
+    """torch_compile left out, on a CUDA GPU: off, and said. Compiling costs minutes before the first
+    step and recompiles whenever a batch's length changes (SFT's batches are padded to their longest row);
+    its gain on top of Liger's and flash-attention's kernels has not been measured here (bench/gpu.py's
+    "nbtrain compile" row measures it), so nbtrain does not turn it on by itself."""
+    if plan.device != "cuda" or "torch_compile" in cfg.train:
+        return
+    plan.reasons.append(
+        "torch_compile off: compiling costs minutes before the first step and again whenever a batch's "
+        "length changes (train: torch_compile: true for long runs of fixed-length batches, e.g. packing)"
+    )
 
 
 def _plan_liger(cfg: RunConfig, hw: Hardware, plan: Plan, mc: Mapping[str, Any] | None) -> None:
@@ -401,7 +500,7 @@ def _plan_padding_free(cfg: RunConfig, plan: Plan, mc: Mapping[str, Any] | None)
     if model_type not in PACKED_MODEL_TYPES:
         return
     plan.padding_free = True
-    how = "flash-attention 2 scores each row's own tokens" if plan.attn_implementation else (
+    how = "flash-attention scores each row's own tokens" if plan.attn_implementation else (
         "in as many sequences as cost least (attention pairs against padding), or padded where cheaper"
     )  # fmt: skip
     plan.reasons.append(
@@ -535,4 +634,6 @@ def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
         args["gradient_checkpointing"] = True
     if plan.liger:
         args["use_liger_kernel"] = True
+    if plan.optim is not None:
+        args["optim"] = plan.optim
     return args

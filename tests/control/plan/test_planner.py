@@ -63,6 +63,9 @@ def test_probe_finds_no_gpu_here_without_touching_cuda() -> None:
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "model_configs"
 RTX4090 = GPU(0, "NVIDIA GeForce RTX 4090", 24 * 2**30, 23 * 2**30, (8, 9))
 T4_16 = GPU(0, "Tesla T4", 15 * 2**30, 15 * 2**30, (7, 5))
+A100_40 = GPU(0, "NVIDIA A100-SXM4-40GB", 40 * 2**30, 39 * 2**30, (8, 0))
+H100 = GPU(0, "NVIDIA H100 80GB HBM3", 80 * 2**30, 79 * 2**30, (9, 0))
+SHARDED_LORA = {"method": "lora", "strategy": "zero3"}
 
 
 def hw(*gpus: GPU, n: int = 1, ram_gib: int = 256) -> Hardware:
@@ -82,7 +85,22 @@ def real_model(name: str, method: str, extra: str = "", train: str = "") -> str:
 @pytest.mark.parametrize(
     ("hardware", "model", "method", "extra", "want"),
     [
-        (hw(RTX4090), "Meta-Llama-3-8B", "auto", "", {"method": "qlora", "precision": "bf16"}),
+        # LoRA on the 16-bit weights where it fits one GPU as configured (torchtune runs 8B's on a 4090)
+        (hw(RTX4090), "Meta-Llama-3-8B", "auto", "", {"method": "lora", "precision": "bf16"}),
+        (hw(T4_16), "Meta-Llama-3-8B", "auto", "", {"method": "qlora", "precision": "fp16"}),
+        (hw(RTX4090), "Llama-2-13b", "auto", "", {"method": "qlora"}),
+        # several GPUs: LoRA with the 16-bit weights sharded by ZeRO-3 where that fits (torchtune's 70B LoRA)
+        (hw(A100_40, n=8, ram_gib=680), "Meta-Llama-3-70B", "auto", "", SHARDED_LORA),
+        (hw(H100, n=8, ram_gib=1872), "Meta-Llama-3-70B", "auto", "", SHARDED_LORA),
+        # 8 x 24 GB: sharding alone does not fit, QLoRA's 4-bit copy does not fit each: sharded with offload
+        (
+            hw(RTX4090, n=8, ram_gib=512),
+            "Meta-Llama-3-70B",
+            "auto",
+            "",
+            {"method": "lora", "strategy": "zero3", "offload": "optimizer+params"},
+        ),
+        (hw(RTX4090, n=2), "Llama-2-13b", "auto", "", {"method": "lora", "strategy": "zero3"}),
         (hw(A100), "Meta-Llama-3-8B", "auto", "", {"method": "lora", "precision": "bf16"}),
         (hw(T4_16), "Qwen2.5-7B", "auto", "", {"method": "qlora", "precision": "fp16"}),
         (hw(A100), "Qwen2.5-0.5B", "auto", "", {"method": "lora"}),
@@ -208,6 +226,7 @@ def test_estimate_report_lists_methods_and_strategies(workdir: Path) -> None:
 
 
 H200 = GPU(0, "NVIDIA H200", 141 * 2**30, 140 * 2**30, (9, 0))
+BOTH_FLASH = ("flash_attn", "flash_attn_interface")
 
 
 @pytest.mark.parametrize(
@@ -250,6 +269,12 @@ def test_liger_is_left_to_sft(workdir: Path) -> None:
         ([], ("flash_attn",), "", None, None),  # never on a CPU
         ([A100], ("flash_attn",), "precision: fp32\n", None, "not fp32"),
         ([A100], ("flash_attn",), "train:\n  model_init_kwargs: {attn_implementation: sdpa}\n", None, None),
+        # flash-attention 3 on a Hopper; flash-attention 2 elsewhere, or said why not
+        ([H200], BOTH_FLASH, "", "flash_attention_3", "attention flash_attention_3"),
+        ([A100], BOTH_FLASH, "", "flash_attention_2", "attention flash_attention_2"),
+        ([A100], ("flash_attn_interface",), "", None, "runs on Hopper (compute capability 9.0) alone"),
+        ([T4], ("flash_attn_interface",), "", None, "runs on Hopper"),
+        ([], ("flash_attn", "flash_attn_interface"), "", None, None),
     ],
 )
 def test_the_attention_kernel_is_planned_from_the_facts(
@@ -288,3 +313,41 @@ def test_padding_free_is_left_to_sft(workdir: Path) -> None:
     (workdir / "data" / "pref.jsonl").write_text(json.dumps(row) + "\n")
     res = load_config(lora_yaml().replace("add.jsonl", "pref.jsonl") + "objective: dpo\n")
     assert make_plan(res, Hardware(cpu_count=2)).padding_free is None
+
+
+@pytest.mark.parametrize(
+    ("gpus", "extra", "want"),
+    [
+        ([A100], "", "adamw_torch_fused"),  # a CUDA run: torch's fused AdamW, written into the run
+        ([T4], "", "adamw_torch_fused"),
+        ([A100], "  optim: paged_adamw_8bit\n", None),  # the user's word wins
+        ([], "", None),  # never picked on a CPU
+    ],
+)
+def test_the_fused_optimizer_is_planned_on_a_gpu_and_never_on_a_cpu(
+    workdir: Path, gpus: list[GPU], extra: str, want: str | None
+) -> None:
+    res = load_config(lora_yaml(extra=extra))
+    plan = make_plan(res, Hardware(gpus=gpus, cpu_count=2))
+    assert plan.optim == want
+    said = [r for r in plan.reasons if r.startswith("optim")]
+    assert bool(said) is bool(want), plan.reasons
+    if want:
+        assert train_args(res, plan)["optim"] == want and plan.estimate is not None
+        assert plan.estimate["inputs"]["optim"] == want
+    elif extra:
+        assert train_args(res, plan)["optim"] == "paged_adamw_8bit"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "extra", "says"),
+    [([H200], "", True), ([H200], "  torch_compile: true\n", False), ([], "", False)],
+)
+def test_torch_compile_is_left_off_and_said_on_a_gpu(
+    workdir: Path, gpus: list[GPU], extra: str, says: bool
+) -> None:
+    res = load_config(lora_yaml(extra=extra))
+    plan = make_plan(res, Hardware(gpus=gpus, cpu_count=2))
+    said = [r for r in plan.reasons if r.startswith("torch_compile")]
+    assert bool(said) is says, plan.reasons
+    assert train_args(res, plan).get("torch_compile") is (True if extra else None)
