@@ -195,7 +195,7 @@ def _check_combination(method: str, strategy: str, offload: str, world_size: int
 
 
 def _frozen_base(
-    pc: ParamCounts, method: str, quant_bits: int, double_quant: bool, w: int, precision: str, zero: bool
+    pc: ParamCounts, method: str, quant_bits: int, double_quant: bool, w: int, precision: str, upcast: bool
 ) -> tuple[float, str]:
     """Bytes of the frozen base of a LoRA/QLoRA run on one device (before ZeRO-3/FSDP shards it)."""
     if method == "lora":
@@ -203,7 +203,7 @@ def _frozen_base(
     quantized = quantized_weight_bytes(pc, quant_bits, double_quant)
     rest = pc.total - pc.quantized_linears  # embeddings, lm_head, norms, biases
     # prepare_model_for_kbit_training upcasts what is not quantised to fp32; DeepSpeed casts it back.
-    rest_width = w if zero else 4
+    rest_width = 4 if upcast else w
     # bitsandbytes dequantises one weight at a time to the compute dtype for each matmul.
     dequantised = w * max(lin.in_features * lin.out_features for lin in pc.linears)
     how = (
@@ -389,6 +389,7 @@ def estimate(
     device: str = "cuda",
     objective: str = "sft",
     liger: bool = False,
+    kbit_upcast: bool = True,
 ) -> Estimate:
     """Estimate the peak memory per device (and host RAM per node) of one nbtrain run.
 
@@ -397,6 +398,10 @@ def estimate(
     quantisation). ``objective`` decides the loss's logits (SFT's fused head for big batches; the
     others build them). ``world_size`` counts processes over all ``nodes``; ``device`` "cpu" drops the CUDA
     costs (the parts are then RAM per process), as "mps" (Apple's GPU, sharing the RAM) and "npu" do.
+    ``kbit_upcast`` (QLoRA): peft's prepare_model_for_kbit_training, which nbtrain's worker applies, upcasts
+    what is not quantised (embeddings, norms, lm_head) to fp32, so the layers' tensors are fp32 too;
+    False describes QLoRA runs that keep them in the compute dtype (torchtune's, LitGPT's). DeepSpeed
+    casts the weights back (not the layers' tensors).
     Raises ``EstimateError`` for combinations nbtrain rejects.
     """
     _check_combination(method, strategy, offload, world_size, nodes)
@@ -406,6 +411,7 @@ def estimate(
     opt = optimizer_states(optim)
     per_node = world_size // nodes
     zero = strategy in ZERO_STAGES
+    upcast = kbit_upcast and not zero
     notes: list[str] = []
     if pc.model_type not in KNOWN_MODEL_TYPES:
         notes.append(f"model type {pc.model_type!r} counted as a Llama-style decoder (gated MLP, RMSNorm)")
@@ -428,7 +434,7 @@ def estimate(
         largest_trainable = pc.largest_module
     else:
         trainable = lora_parameters(model_config, lora_r, targets, dora=lora_dora)
-        base, base_how = _frozen_base(pc, method, quant_bits, double_quant, w, precision, zero)
+        base, base_how = _frozen_base(pc, method, quant_bits, double_quant, w, precision, upcast)
         largest_trainable = largest_lora_module(pc, lora_r, targets)
 
     lay = _Layout()
@@ -452,7 +458,7 @@ def estimate(
     fused = objective == "sft" and not sft_full_logits(micro_batch * seq_len, pc.vocab, device)
     lay.parts["activations"] = activation_bytes(
         pc, micro_batch, seq_len, w, gradient_checkpointing, trained=targets if method != "full" else None,
-        quantized=method == "qlora", head="fused" if fused else "full", liger=liger,
+        quantized=method == "qlora" and kbit_upcast, head="fused" if fused else "full", liger=liger,
     )  # fmt: skip
     lay.details["activations"] = (
         f"micro-batch {micro_batch} x {seq_len} tokens: "
@@ -506,7 +512,7 @@ def estimate(
         "double_quant": double_quant, "precision": precision, "strategy": strategy, "offload": offload,
         "world_size": world_size, "nodes": nodes, "micro_batch": micro_batch, "seq_len": seq_len,
         "gradient_checkpointing": gradient_checkpointing, "optim": optim, "device": device,
-        "objective": objective, "liger": liger,
+        "objective": objective, "liger": liger, "kbit_upcast": kbit_upcast,
     }  # fmt: skip
     return Estimate(
         parts={k: round(v) for k, v in lay.parts.items()},
