@@ -33,6 +33,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -185,22 +186,14 @@ def throughput(times: list[tuple[int, float]], tokens_per_step: int) -> float:
 
 
 def run_nbtrain(
-    model: Path,
-    data: Path,
-    method: str,
-    steps: int,
-    seq: int,
-    name: str,
-    liger: bool | None = None,
-    sdpa: bool = False,
+    model: Path, data: Path, method: str, steps: int, seq: int, name: str, mode: str = "nbtrain auto"
 ) -> dict[str, Any]:
+    """One nbtrain run of ``mode`` (MODES: the auto plan, or it with one fast path turned the other way)."""
     import nbtrain
     from nbtrain.contract.rundir import read_json, read_jsonl
     from nbtrain.control.launch import process
 
-    liger_key = "" if liger is None else f", use_liger_kernel: {str(liger).lower()}"  # None: the plan's
-    if sdpa:
-        liger_key += ", model_init_kwargs: {attn_implementation: sdpa}"
+    more = MODES[mode]
     config = textwrap.dedent(
         f"""
         model: {model}
@@ -208,7 +201,7 @@ def run_nbtrain(
         data: {{train: {data}, format: text}}
         precision: auto
         train: {{max_steps: {steps}, per_device_train_batch_size: auto, max_length: {seq},
-                 logging_steps: 1, save_strategy: "no"{liger_key}}}
+                 logging_steps: 1, save_strategy: "no"{", " + more if more else ""}}}
         """
     )
     run = nbtrain.finetune(config, name=name)
@@ -234,6 +227,7 @@ def run_nbtrain(
         "peak_bytes": peak, "micro_batch": micro, "grad_accum": accum, "precision": plan["precision"],
         "gradient_checkpointing": args.get("gradient_checkpointing", True),
         "use_liger_kernel": bool(args.get("use_liger_kernel")),
+        "optim": args.get("optim"), "torch_compile": bool(args.get("torch_compile")),
         "attn_implementation": (args.get("model_init_kwargs") or {}).get("attn_implementation")
         or plan.get("attn_implementation") or "sdpa",
         "plan_reasons": plan["reasons"],
@@ -266,27 +260,36 @@ def run_bare(
     }  # fmt: skip
 
 
-MODES = (
-    "nbtrain auto",
-    "nbtrain liger-off",
-    "nbtrain liger-on",
-    "nbtrain sdpa",
-    "TRL defaults",
-    "TRL defaults liger",
-)
+# nbtrain's auto plan, and it with one of the plan's fast paths turned the other way (the train: keys);
+# the hand-written TRL script with its defaults (and with Liger's kernels).
+MODES: dict[str, str] = {
+    "nbtrain auto": "",
+    "nbtrain liger-off": "use_liger_kernel: false",
+    "nbtrain liger-on": "use_liger_kernel: true",
+    "nbtrain sdpa": "model_init_kwargs: {attn_implementation: sdpa}",
+    "nbtrain adamw-unfused": "optim: adamw_torch",
+    "nbtrain compile": "torch_compile: true",
+    "TRL defaults": "",
+    "TRL defaults liger": "",
+}
 
 
-def modes(method: str, gpu: bool) -> list[str]:
-    """nbtrain's auto plan against TRL's defaults, and on a GPU each fast path the plan takes, turned off:
-    Liger's kernels (``use_liger_kernel``: RMSNorm, SwiGLU, rotary; for LoRA also TRL's defaults with
-    them) where liger-kernel is installed, flash-attention 2 (for LoRA) where flash-attn is."""
+def modes(method: str, gpu: bool, size: str = "1b") -> list[str]:
+    """nbtrain's auto plan against TRL's defaults, and on a GPU each fast path the plan takes turned the
+    other way: Liger's kernels where liger-kernel is installed (for LoRA also TRL's defaults with them),
+    flash-attention (for LoRA) where flash-attn is, the fused AdamW and torch.compile (which the plan
+    leaves off; LoRA). Larger shapes than the 1B: the auto plan and TRL's defaults only."""
     out = ["nbtrain auto", "TRL defaults"]
-    if gpu and importlib.util.find_spec("liger_kernel") is not None:
+    if not gpu or size != "1b":
+        return out
+    if importlib.util.find_spec("liger_kernel") is not None:
         out.insert(1, "nbtrain liger-off")
         if method == "lora":
             out.append("TRL defaults liger")
-    if gpu and method == "lora" and importlib.util.find_spec("flash_attn") is not None:
-        out.insert(1, "nbtrain sdpa")  # the plan picks flash-attention 2 where installed: the other way
+    if method == "lora":
+        if importlib.util.find_spec("flash_attn") or importlib.util.find_spec("flash_attn_interface"):
+            out.insert(1, "nbtrain sdpa")  # the plan picks flash-attention where installed: the other way
+        out[1:1] = ["nbtrain adamw-unfused", "nbtrain compile"]
     return out
 
 
@@ -304,11 +307,71 @@ def versions() -> dict[str, str | None]:
 
 
 def write(res: dict[str, Any], dry_run: bool) -> None:
-    if dry_run:  # a CPU rehearsal is no result
+    """The results file and its Markdown report beside it (gpu.md's sibling, ``REPORT``); a CPU rehearsal
+    writes nothing (it is no result)."""
+    if dry_run:
         return
     out = Path(res["out"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
+    out.with_name(out.stem + "_report.md").write_text(report(res))
+
+
+def gpu_test_files() -> list[str]:
+    """The test files that hold ``gpu``-marked tests (found by their text: collecting the whole suite
+    would take longer than running these)."""
+    files = (ROOT / "tests").rglob("test_*.py")
+    return sorted(str(f.relative_to(ROOT)) for f in files if "pytest.mark.gpu" in f.read_text())
+
+
+def run_gpu_tests(timeout: float, log: Path) -> dict[str, Any]:
+    """``pytest -m gpu`` over gpu_test_files(), cut off after ``timeout`` seconds; its output to ``log``."""
+    argv = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-m", "gpu",
+            *gpu_test_files()]  # fmt: skip
+    started = time.monotonic()
+    try:
+        out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+        text, rc = out.stdout + out.stderr, out.returncode
+    except subprocess.TimeoutExpired as e:
+        text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        text, rc = text + f"\n(cut off after {timeout:.0f} s)", None
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(text)
+    counts = {k: 0 for k in ("passed", "failed", "skipped", "error", "deselected")}
+    ends = [ln for ln in text.splitlines() if " in " in ln and re.search(r"\d+ (passed|failed|skipped)", ln)]
+    last = ends[-1] if ends else ""
+    for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", last):
+        counts[word.rstrip("s") if word.startswith("error") else word] += int(n)
+    return {"rc": rc, **counts, "seconds": round(time.monotonic() - started, 1), "summary": last.strip("= "),
+            "log": str(log)}  # fmt: skip
+
+
+def report(res: dict[str, Any]) -> str:
+    """The short Markdown report of a results file: machine, versions, the gpu tests, the table."""
+    lines = [f"# bench/gpu.py, {res['date']}", "", f"Machine: {res['machine']}. "
+             + ", ".join(f"{k} {v}" for k, v in res["versions"].items() if v) + ".", ""]  # fmt: skip
+    t = res.get("tests")
+    if t:
+        lines += [f"gpu-marked tests: {t['summary'] or 'no summary'} (rc {t['rc']}, {t['seconds']} s; log "
+                  f"{Path(t['log']).name})", ""]  # fmt: skip
+    lines += [*table(res["rows"]), ""]
+    if res.get("skipped_rows"):
+        lines += ["Not run (the time budget): " + "; ".join(res["skipped_rows"]), ""]
+    lines.append("Finished." if res["finished"] else "Cut off before the end.")
+    return "\n".join(lines) + "\n"
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    out = ["| model | method | mode | tokens/s | peak GiB | micro x accum | MFU |", "|---" * 7 + "|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['size']} | {r['method']} | {r['mode']} | failed | - | - | - |")
+            continue
+        peak = f"{r['peak_bytes'] / 2**30:.1f}" if r["peak_bytes"] else "-"
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+        out.append(f"| {r['size']} | {r['method']} | {r['mode']} | {r['tokens_per_s']:.0f} | {peak} "
+                   f"| {r['micro_batch']}x{r['grad_accum']} | {mfu} |")  # fmt: skip
+    return out
 
 
 def main() -> int:
@@ -322,6 +385,12 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="the whole pipeline on CPU with a tiny shape")
     ap.add_argument("--modes", default="", help=f"comma-separated, of {', '.join(MODES)} (default: modes())")
     ap.add_argument("--out", type=Path, default=RESULTS, help="the results file")
+    ap.add_argument(
+        "--all", action="store_true",
+        help="the one GPU command: the gpu-marked tests first, then the benchmark rows, most telling first, "
+        "while --budget lasts",
+    )  # fmt: skip
+    ap.add_argument("--budget", type=float, default=450.0, help="--all: seconds for everything (default 450)")
     args = ap.parse_args()
     unknown = [m for m in args.modes.split(",") if m and m not in MODES]
     if unknown:
@@ -330,6 +399,8 @@ def main() -> int:
     from nbtrain.contract.errors import NbtrainError
     from nbtrain.hardware import probe
 
+    started = time.time()
+    deadline = time.monotonic() + args.budget if args.all else float("inf")
     hw = probe()
     if not hw.gpus and not args.dry_run:
         print(f"bench/gpu.py: no NVIDIA GPU found through NVML ({hw.nvml_error}); nothing measured. "
@@ -349,15 +420,20 @@ def main() -> int:
 
     from tests.worker.test_memory_measured import long_text_data
 
-    started = time.time()
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         + (f"{len(hw.gpus)} x {gpu_name}" if hw.gpus else "no GPU"),
         "dry_run": args.dry_run, "seq_len": seq, "steps": steps,
         "peak_flops_bf16": peak_flops, "versions": versions(), "finished": False,
-        "out": str(args.out.resolve()), "rows": [],
+        "out": str(args.out.resolve()), "rows": [], "skipped_rows": [],
     }  # fmt: skip
+    if args.all:  # the tests first, with at most 40% of the budget (they take ~90 s on an H200)
+        log_dir = Path(tempfile.mkdtemp(prefix="nbtrain-gpu-tests-")) if args.dry_run else args.out.parent
+        res["tests"] = run_gpu_tests(min(300.0, 0.4 * args.budget), log_dir / "gpu_tests.log")
+        print(f"gpu-marked tests: {res['tests']['summary']} ({res['tests']['seconds']} s)", flush=True)
+        write(res, args.dry_run)
+    durations: list[float] = []
     with tempfile.TemporaryDirectory(prefix="nbtrain-bench-gpu-") as d:
         work = Path(d)
         os.environ["NBTRAIN_HOME"] = str(work / "home")
@@ -365,53 +441,55 @@ def main() -> int:
         os.chdir(work)
         data = long_text_data(work / "long.jsonl", rows=256)
         for size in sizes:
+            asked = args.modes.split(",") if args.modes else None
+            plan = [
+                (m, mode) for m in args.methods.split(",") for mode in asked or modes(m, bool(hw.gpus), size)
+            ]
+            # a row takes about as long as the longest so far (a larger shape: its build too)
+            need = (max(durations) if durations else 0.0) * (1 if size in ("1b", "tiny") else 4)
+            if time.monotonic() + need > deadline:
+                res["skipped_rows"] += [f"{size} {m} {mode}" for m, mode in plan]
+                continue
             t = time.monotonic()
             model = build_model(size, work / f"llama-{size}")
             print(f"{size}: {params_of(size) / 1e9:.2f}B parameters, built in {time.monotonic() - t:.0f} s",
                   flush=True)  # fmt: skip
-            for method in args.methods.split(","):
-                for mode in args.modes.split(",") if args.modes else modes(method, bool(hw.gpus)):
-                    try:
-                        if mode.startswith("nbtrain"):
-                            name = f"{size}-{method}-{len(res['rows'])}"
-                            liger = {"nbtrain liger-off": False, "nbtrain liger-on": True}.get(mode)
-                            r = run_nbtrain(model, data, method, steps, seq, name, liger=liger,
-                                            sdpa=mode == "nbtrain sdpa")  # fmt: skip
-                        else:
-                            more = {**extra, "use_liger_kernel": True} if "liger" in mode else extra
-                            r = run_bare(model, data, method, steps, work, more)
-                    # a failing row (a kernel missing here, a plan refused) must not lose the rest
-                    except (RuntimeError, ValueError, NbtrainError) as e:
-                        res["rows"].append(
-                            {"size": size, "method": method, "mode": mode, "error": str(e)[-3000:]}
-                        )
-                        print(f"  {size} {method} {mode}: FAILED {str(e)[-1500:]}", flush=True)
-                        write(res, args.dry_run)
-                        continue
-                    mfu = r["tokens_per_s"] * flops_per_token(size, seq) / peak_flops if peak_flops else None
-                    row = {"size": size, "params": params_of(size), "method": method, "mode": mode, **r,
-                           "mfu": mfu}  # fmt: skip
-                    res["rows"].append(row)
-                    write(
-                        res, args.dry_run
-                    )  # after every row: a run cut off by its time limit keeps what it measured
-                    peak = f"{r['peak_bytes'] / 2**30:.1f} GiB" if r["peak_bytes"] else "-"
-                    print(f"  {size} {method} {mode}: {r['tokens_per_s']:.0f} tokens/s, peak {peak}, "
-                          f"micro-batch {r['micro_batch']}x{r['grad_accum']}, {r['precision']}"
-                          + (f", MFU {mfu:.1%}" if mfu is not None else ""), flush=True)  # fmt: skip
+            for method, mode in plan:
+                if durations and time.monotonic() + max(durations) > deadline:
+                    res["skipped_rows"].append(f"{size} {method} {mode}")
+                    continue
+                t = time.monotonic()
+                try:
+                    if mode.startswith("nbtrain"):
+                        name = f"{size}-{method}-{len(res['rows'])}"
+                        r = run_nbtrain(model, data, method, steps, seq, name, mode)
+                    else:
+                        more = {**extra, "use_liger_kernel": True} if "liger" in mode else extra
+                        r = run_bare(model, data, method, steps, work, more)
+                # a failing row (a kernel missing here, a plan refused) must not lose the rest
+                except (RuntimeError, ValueError, NbtrainError) as e:
+                    failed = {"size": size, "method": method, "mode": mode, "error": str(e)[-3000:]}
+                    res["rows"].append(failed)
+                    print(f"  {size} {method} {mode}: FAILED {str(e)[-1500:]}", flush=True)
+                    write(res, args.dry_run)
+                    continue
+                finally:
+                    durations.append(time.monotonic() - t)
+                mfu = r["tokens_per_s"] * flops_per_token(size, seq) / peak_flops if peak_flops else None
+                row = {"size": size, "params": params_of(size), "method": method, "mode": mode, **r,
+                       "mfu": mfu, "seconds": round(durations[-1], 1)}  # fmt: skip
+                res["rows"].append(row)
+                write(res, args.dry_run)  # after every row: a run cut off by its limit keeps what it measured
+                peak = f"{r['peak_bytes'] / 2**30:.1f} GiB" if r["peak_bytes"] else "-"
+                print(f"  {size} {method} {mode}: {r['tokens_per_s']:.0f} tokens/s, peak {peak}, "
+                      f"micro-batch {r['micro_batch']}x{r['grad_accum']}, {r['precision']}"
+                      + (f", MFU {mfu:.1%}" if mfu is not None else ""), flush=True)  # fmt: skip
             shutil.rmtree(model)  # the 7B takes 13 GB of disk
     res["finished"] = True
     write(res, args.dry_run)
-    print("| model | method | mode | tokens/s | peak GiB | micro x accum | MFU |")
-    print("|---|---|---|---|---|---|---|")
-    for r in res["rows"]:
-        if "error" in r:
-            print(f"| {r['size']} | {r['method']} | {r['mode']} | failed | - | - | - |")
-            continue
-        peak = f"{r['peak_bytes'] / 2**30:.1f}" if r["peak_bytes"] else "-"
-        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        print(f"| {r['size']} | {r['method']} | {r['mode']} | {r['tokens_per_s']:.0f} | {peak} "
-              f"| {r['micro_batch']}x{r['grad_accum']} | {mfu} |")  # fmt: skip
+    print("\n".join(table(res["rows"])))
+    if res["skipped_rows"]:
+        print("not run (the time budget): " + "; ".join(res["skipped_rows"]))
     if args.dry_run:
         mean = statistics.fmean(r["tokens_per_s"] for r in res["rows"] if "error" not in r)
         print(f"dry run on CPU: {len(res['rows'])} runs ({mean:.0f} tokens/s on average), nothing written")
