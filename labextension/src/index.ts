@@ -12,6 +12,7 @@ import { FinetuneCompletionProvider, highlightFinetuneCells } from './finetune';
 import { attachSource } from './logic';
 import { RunsModel } from './model';
 import { RunPage } from './runpage';
+import { OPEN_PAGE_EVENT } from './runview';
 import { RunsStatus } from './statusbar';
 import { RunsSidebar } from './sidebar';
 import { toCellPlugin } from './tocell';
@@ -109,6 +110,12 @@ const runsPlugin: JupyterFrontEndPlugin<void> = {
       }
       app.shell.activateById(page.id);
     };
+
+    // a notebook's run view (runview.ts) asks for the run's page
+    document.addEventListener(OPEN_PAGE_EVENT, e => {
+      const { runId, name } = (e as CustomEvent<{ runId: string; name: string }>).detail;
+      openPage(runId, name);
+    });
 
     const sidebar = new RunsSidebar({ model, openDashboard, openPage });
     sidebar.title.icon = runsIcon;

@@ -159,6 +159,22 @@ export function progressFraction(step: number, maxSteps: number | null): number 
   return maxSteps ? Math.max(0, Math.min(1, step / maxSteps)) : 0;
 }
 
+/** What a view says while a run has no logged step yet (the dashboard's own words, figures/charts.py). */
+export function waitingText(state: string, phase: string | null): string {
+  if (phase) {
+    return phase;
+  }
+  const words: { [state: string]: string } = {
+    queued: 'queued: waiting to start',
+    starting: 'starting the training process',
+    running: 'training: waiting for the first logged step',
+    stopping: 'stopping',
+    stopped: 'stopped before the first step',
+    completed: 'completed without a logged step'
+  };
+  return words[state] ?? state;
+}
+
 export function stepsText(step: number, maxSteps: number | null): string {
   return maxSteps ? `step ${step}/${maxSteps}` : `step ${step}`;
 }

@@ -6,32 +6,17 @@ import { showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { IRunInfo, RunAction, requestAPI, runAction } from './api';
-import { axisLabel, chartGeometry, ISeries, progressFraction, stepsText } from './logic';
+import { chartBoxes, ENDED_POLL_MS, POLL_MS, renderCharts, RunFollower, shownStep } from './follow';
+import { progressFraction, stepsText } from './logic';
 
-const POLL_MS = 2000; // while the run is active; an ended run is read every ENDED_POLL_MS (it may resume)
-const ENDED_POLL_MS = 10000;
 const CHART_W = 320;
 const CHART_H = 120;
 const LOG_LINES = 40;
 
-// Each chart: its title and the metrics it draws (the first one's colour leads).
-const CHARTS: { title: string; keys: string[]; fromZero: boolean }[] = [
-  { title: 'loss', keys: ['loss', 'eval_loss'], fromZero: false },
-  { title: 'learning rate', keys: ['lr', 'learning_rate'], fromZero: true },
-  { title: 'throughput (tokens/s)', keys: ['tokens_per_s'], fromZero: true }
-];
-
-interface IMetrics {
-  records: { [key: string]: unknown }[];
-  offset: number;
-  reset: boolean;
-  caught_up: boolean;
-}
-
 export class RunPage extends Widget {
   constructor(runId: string, name: string) {
     super();
-    this._runId = runId;
+    this._follower = new RunFollower(runId);
     this.id = `nbtrain-run-page-${runId}`;
     this.addClass('nbtrain-run-page');
     this.title.label = name;
@@ -59,24 +44,12 @@ export class RunPage extends Widget {
     this.node.querySelectorAll('button').forEach(b =>
       b.addEventListener('click', () => void this._act(b.dataset.action as RunAction))
     );
-    const charts = this._q('.nbtrain-page-charts');
-    for (const chart of CHARTS) {
-      const box = document.createElement('div');
-      box.className = 'nbtrain-page-chart';
-      box.dataset.chart = chart.title;
-      box.innerHTML = `<div class="nbtrain-page-chart-title"></div>
-        <svg width="${CHART_W}" height="${CHART_H}" viewBox="0 0 ${CHART_W} ${CHART_H}"
-          preserveAspectRatio="none"></svg>
-        <div class="nbtrain-page-axis"><span class="nbtrain-page-ymin"></span>
-          <span class="nbtrain-page-ymax"></span><span class="nbtrain-page-xmax"></span></div>`;
-      box.querySelector('.nbtrain-page-chart-title')!.textContent = chart.title;
-      charts.append(box);
-    }
+    this._q('.nbtrain-page-charts').append(...chartBoxes(CHART_W, CHART_H));
     void this._tick();
   }
 
   get runId(): string {
-    return this._runId;
+    return this._follower.runId;
   }
 
   dispose(): void {
@@ -95,50 +68,19 @@ export class RunPage extends Widget {
     }
     let done = false;
     try {
-      const run = await requestAPI<IRunInfo>(`runs/${encodeURIComponent(this._runId)}`);
+      const run = await this._follower.read();
       done = run.done && !run.server;
-      await this._readMetrics();
       const logs = await requestAPI<{ text: string }>(
-        `runs/${encodeURIComponent(this._runId)}/logs?n=${LOG_LINES}`
+        `runs/${encodeURIComponent(this.runId)}/logs?n=${LOG_LINES}`
       );
       this._render(run, logs.text);
-      this._lastRead = new Date().toLocaleTimeString();
-      this._q('.nbtrain-page-updated').textContent = `read at ${this._lastRead}`;
+      this._q('.nbtrain-page-updated').textContent = `read at ${this._follower.lastRead}`;
     } catch (e) {
       // says so, and when it last could: the page keeps what it showed
-      const why = e instanceof Error ? e.message : String(e);
-      const since = this._lastRead ? `since ${this._lastRead}` : 'yet';
-      this._q('.nbtrain-page-updated').textContent = `cannot reach the run ${since}: ${why}`;
+      this._q('.nbtrain-page-updated').textContent = this._follower.unreachable(e);
     }
     if (!this.isDisposed) {
       this._timer = window.setTimeout(() => void this._tick(), done ? ENDED_POLL_MS : POLL_MS);
-    }
-  }
-
-  /** The records appended since the last read, a few requests at once while behind. */
-  private async _readMetrics(): Promise<void> {
-    for (let i = 0; i < 20; i++) {
-      const m = await requestAPI<IMetrics>(
-        `runs/${encodeURIComponent(this._runId)}/metrics?offset=${this._offset}`
-      );
-      if (m.reset) {
-        this._points = {};
-      }
-      for (const rec of m.records) {
-        const step = rec.step;
-        if (typeof step !== 'number') {
-          continue;
-        }
-        for (const [key, value] of Object.entries(rec)) {
-          if (typeof value === 'number' && key !== 'step' && key !== 't') {
-            (this._points[key] ??= []).push([step, value]);
-          }
-        }
-      }
-      this._offset = m.offset;
-      if (m.caught_up) {
-        return;
-      }
     }
   }
 
@@ -148,7 +90,8 @@ export class RunPage extends Widget {
     const state = this._q('.nbtrain-state');
     state.textContent = run.state;
     state.className = `nbtrain-state nbtrain-state-${run.state}`;
-    this._q('.nbtrain-page-steps').textContent = run.phase ?? stepsText(run.step, run.max_steps);
+    const step = shownStep(run, this._follower.points);
+    this._q('.nbtrain-page-steps').textContent = run.phase ?? stepsText(step, run.max_steps);
     this._q('.nbtrain-page-loss').textContent = run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;
     this._q('.nbtrain-page-id').textContent = `${run.id} · ${run.run_dir}`;
     const frac = run.state === 'completed' ? 1 : progressFraction(run.step, run.max_steps);
@@ -170,9 +113,7 @@ export class RunPage extends Widget {
     show('.nbtrain-resume', run.resumable);
     show('.nbtrain-server-stop', !!run.server?.url);
     this.node.dataset.state = run.state;
-    for (const chart of CHARTS) {
-      this._renderChart(chart.title, chart.keys, chart.fromZero);
-    }
+    renderCharts(this.node, this._follower.points, CHART_W, CHART_H);
     const pre = this._q('.nbtrain-page-log');
     const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
     pre.textContent = log;
@@ -181,35 +122,10 @@ export class RunPage extends Widget {
     }
   }
 
-  private _renderChart(title: string, keys: string[], fromZero: boolean): void {
-    const box = this.node.querySelector(`.nbtrain-page-chart[data-chart="${title}"]`) as HTMLElement;
-    const series: ISeries[] = keys
-      .filter(k => this._points[k]?.length)
-      .map(k => ({ name: k, points: this._points[k] }));
-    const g = chartGeometry(series, CHART_W, CHART_H, fromZero);
-    const svg = box.querySelector('svg')!;
-    svg.innerHTML = g.paths
-      .map(
-        (d, i) =>
-          `<path class="nbtrain-page-line nbtrain-page-line-${i}" data-metric="${series[i].name}" d="${d}"/>`
-      )
-      .join('');
-    const empty = series.length === 0;
-    box.classList.toggle('nbtrain-page-chart-empty', empty);
-    (box.querySelector('.nbtrain-page-ymin') as HTMLElement).textContent = empty ? '' : axisLabel(g.yMin);
-    (box.querySelector('.nbtrain-page-ymax') as HTMLElement).textContent = empty ? '' : axisLabel(g.yMax);
-    (box.querySelector('.nbtrain-page-xmax') as HTMLElement).textContent = empty
-      ? 'no points yet'
-      : `step ${g.xMax}`;
-    const names = series.map(s => s.name).join(', ');
-    (box.querySelector('.nbtrain-page-chart-title') as HTMLElement).textContent =
-      series.length > 1 ? `${title} (${names})` : title;
-  }
-
   private async _act(action: RunAction): Promise<void> {
     this._busy = true;
     try {
-      await runAction(this._runId, action);
+      await runAction(this.runId, action);
     } catch (e) {
       void showErrorMessage(`Could not ${action.replace('/', ' ')} run ${this.title.label}`,
         e instanceof Error ? e.message : String(e));
@@ -218,10 +134,7 @@ export class RunPage extends Widget {
     }
   }
 
-  private _runId: string;
+  private _follower: RunFollower;
   private _timer = 0;
-  private _offset = 0;
   private _busy = false;
-  private _lastRead = '';
-  private _points: { [key: string]: [number, number][] } = {};
 }

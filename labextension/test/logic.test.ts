@@ -18,7 +18,8 @@ import {
   progressFraction,
   sparklinePath,
   startedText,
-  stepsText
+  stepsText,
+  waitingText
 } from '../src/logic';
 
 const KEYS: KeyMap = {
@@ -203,4 +204,12 @@ test('the run page charts share axes over every series and leave out values that
     [12345, 1500, 0.52, 0.0003, 0].map(axisLabel),
     ['12k', '1.5k', '0.52', '3e-4', '0']
   );
+});
+
+test('a view with no logged step says what the run is doing, in the dashboard\'s words', () => {
+  assert.equal(waitingText('starting', null), 'starting the training process');
+  assert.equal(waitingText('starting', 'tokenising 400 rows'), 'tokenising 400 rows');
+  assert.equal(waitingText('running', null), 'training: waiting for the first logged step');
+  assert.equal(waitingText('queued', null), 'queued: waiting to start');
+  assert.equal(waitingText('weird', null), 'weird');
 });

@@ -27,8 +27,16 @@ notes hides the snapshot; while it is not (a notebook saved mid-run and reopened
 the widget code still loading), the guard's style hides the widget's output and the snapshot shows.
 When the run ends the widget output becomes the static figure of the final state, the snapshot and the
 guard become empty and the widgets are closed: the saved notebook, any viewer without the kernel, and
-an untrusted notebook all show the final chart and no widget reference. Frontends other than
-JupyterLab / Notebook 7 mid-run show both the widget (or its error) and the snapshot.
+an untrusted notebook all show the final chart and no widget reference.
+
+The snapshot of a run that goes on also carries ``RUN_VIEW_MIME``: the run's id, which nbtrain's lab
+extension renders instead of the figure as a view that follows the run through the server extension
+(labextension/src/runview.ts). So once the kernel that drew a view is gone (restarted, shut down, the
+notebook reopened without it), the view still shows the run as its run directory has it now, and says
+where it reads from and when it last could. Under the final figure of a stopped or failed run, which may
+be resumed from anywhere, the snapshot's place holds a watch of the same type: empty while the run is as
+the figure shows it, the live view (the figure hidden) once it went on without this kernel. Frontends
+other than JupyterLab / Notebook 7 mid-run show both the widget (or its error) and the snapshot.
 
 A view that ended on a run's stopped or failed state is not left behind when the run starts again (a
 resume from the sidebar, another cell or the CLI): one thread per kernel (:class:`Revivals`) reads those
@@ -83,6 +91,10 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 REVIVE_EVERY = 2.0  # s between status reads of the runs whose ended views may come back to life
 REVIVABLE = ("stopped", "failed")  # final states a run leaves when it is resumed
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+# nbtrain's lab extension renders this (labextension/src/runview.ts), ranked above plotly: a view that
+# follows the run through the server extension, for when the cell's kernel is gone. Other frontends show the
+# plotly JSON or the HTML beside it.
+RUN_VIEW_MIME = "application/vnd.nbtrain.run-view+json"
 
 
 def static_bundle(fig: go.Figure, text: str, header_html: str = "") -> dict[str, Any]:
@@ -324,7 +336,29 @@ class Dashboard:
         if not st.done:  # a picture of a run that goes on: seen without the kernel, it says when it was taken
             fig.layout.title.text = f"{fig.layout.title.text} {snapshot_note()}"
         notes = self._notes_html(st)
-        return static_bundle(fig, self.text(st), notes)
+        bundle = static_bundle(fig, self.text(st), notes)
+        if not st.done:  # the picture of a run that goes on: seen without its kernel, a live view instead
+            # (the state, step and phase: what the view shows until it has read the run itself)
+            bundle[RUN_VIEW_MIME] = {
+                "run_id": self.run.id,
+                "name": self.run.name,
+                "state": st.state,
+                "step": st.step,
+                "max_steps": st.max_steps,
+                "phase": progress(self.tail, st).waiting(),
+                "taken_at": time.time(),
+            }
+        return bundle
+
+    def _watch_bundle(self, st: RunStatus) -> dict[str, Any]:
+        """Under the final figure of a stopped or failed run, which may be resumed from anywhere: empty
+        while the run is as the figure shows it; a live view in its place once it went on without this
+        kernel (which revives the view itself while it lives)."""
+        if st.state not in REVIVABLE:
+            return {"text/html": "", "text/plain": ""}
+        watch = {"state": st.state, "step": st.step}
+        return {RUN_VIEW_MIME: {"run_id": self.run.id, "name": self.run.name, "watch": watch},
+                "text/html": "", "text/plain": ""}  # fmt: skip
 
     def text(self, st: RunStatus | None = None) -> str:
         st = st or self.status or self.run.status()
@@ -364,6 +398,8 @@ class Dashboard:
                 self._static_sig = (self.tail.version, st.state, st.step, st.max_steps)
                 self._static_at = time.monotonic()
                 if self._ended(st):
+                    if st.state in REVIVABLE:
+                        self._snap = CellOutput(self._watch_bundle(st))
                     self.finished = True
                     self._close_widgets()
                     self._watch_for_restart(st)
@@ -423,9 +459,10 @@ class Dashboard:
         with self._lock:
             if self._out is not None:
                 self._out.update(self._static(st))
-                for out in (self._snap, self._guard):
-                    if out is not None:
-                        out.update({"text/html": "", "text/plain": ""})
+                if self._snap is not None:
+                    self._snap.update(self._watch_bundle(st))
+                if self._guard is not None:
+                    self._guard.update({"text/html": "", "text/plain": ""})
                 self._close_widgets()
             self.finished = True
             self._watch_for_restart(st)
@@ -455,6 +492,8 @@ class Dashboard:
                     self._guard.update(self._guard_bundle())
             else:
                 self._update_static(st, self._out)
+                if self._snap is not None:  # the watch: this kernel follows the run again
+                    self._snap.update({"text/html": "", "text/plain": ""})
         self.start()
         return True
 

@@ -24,7 +24,7 @@ from tests.conftest import ROOT, lora_yaml
 pytestmark = pytest.mark.browser
 
 DOCS = ROOT / "docs" / "screenshots"
-STEPS = 80
+STEPS = 200  # long enough to see it live on an idle machine (warm: ~10 steps/s)
 # What the frame says before the first step, whichever moment the browser first draws it.
 PHASES = re.compile(
     r"queued|starting the training process|loading model|tokenising|waiting for the first logged step"
@@ -43,9 +43,11 @@ PLOTS_JS = """els => els.filter(gd => gd._fullLayout).map(gd => {
 })"""
 
 
-# How many output children of a cell show a drawn Plotly figure (displayed, its SVG with a height).
-SHOWN_FIGURES_JS = """els => els.filter(c => c.offsetHeight > 0
-    && [...c.querySelectorAll('.js-plotly-plot .main-svg')].some(s => s.getBoundingClientRect().height > 0))
+# How many output children of a cell show a view of the run: a drawn Plotly figure (displayed, its SVG with
+# a height), or the lab extension's view that follows the run without a kernel (runview.ts).
+SHOWN_VIEWS_JS = """els => els.filter(c => c.offsetHeight > 0
+    && ([...c.querySelectorAll('.js-plotly-plot .main-svg')].some(s => s.getBoundingClientRect().height > 0)
+        || [...c.querySelectorAll('.nbtrain-run-view')].some(v => v.offsetHeight > 0)))
     .length"""
 
 
@@ -83,9 +85,10 @@ def test_dashboard_mid_run_and_completed(
         output = cells.nth(1).locator(".jp-Cell-outputWrapper")
         dashboard = output.locator(".jp-OutputArea-child").first  # the pictures: the dashboard's output
 
-        # Before the first step the frame says what the run is doing, not an empty chart.
+        # Before the first step the frame says what the run is doing, not an empty chart: the widget's frame
+        # (if it draws before the first step) and the view that stands in for it until it draws.
         try:
-            phase = output.locator(".js-plotly-plot .annotation-text", has_text=PHASES)
+            phase = output.locator(".nbtrain-run-view .nbtrain-page-steps", has_text=PHASES)
             expect(phase).to_have_count(1, timeout=60_000)
         except AssertionError:
             page.screenshot(path=str(shots / "no-phase.png"))
@@ -116,12 +119,12 @@ def test_dashboard_mid_run_and_completed(
         # the workspace opens shots.ipynb too, in a hidden tab: the cells of the notebook in view
         shown_nb = other.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
         reopened = shown_nb.nth(1).locator(".jp-Cell-outputWrapper")
-        # one figure shows: the snapshot, or the widget restored from the widget state JupyterLab saved with
-        # the notebook (as recent as the snapshot), never both, never the widget's error
+        # one view shows: the snapshot's view that follows the run without a kernel, or the widget restored
+        # from the widget state JupyterLab saved with the notebook; never both, never the widget's error
         children = reopened.locator(".jp-OutputArea-child")
         _kernel_idle(url, token)  # its own kernel now: the widget manager has looked for the models
         try:  # (it draws the restored widget once the kernel is connected)
-            expect_soon(lambda: children.evaluate_all(SHOWN_FIGURES_JS) == 1, 60)
+            expect_soon(lambda: children.evaluate_all(SHOWN_VIEWS_JS) == 1, 60)
         except AssertionError:
             other.screenshot(path=str(shots / "reopened-not-one-figure.png"))
             raise

@@ -199,8 +199,67 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
             assert time.monotonic() < deadline, view_title.text_content()
             page.wait_for_timeout(250)
         page.screenshot(path=str(shots / "resumed.png"))
+
+        # Saved and reloaded mid-run, with the kernel alive: the view comes back live, within 5 s of the
+        # run's own step (status.json), and says "running", not a snapshot's time.
+        page.keyboard.press("Escape")
+        page.keyboard.press("Control+s")
+        page.wait_for_timeout(1500)
+        page.reload()
+        page.add_style_tag(content=".Toastify { display: none !important }")  # JupyterLab's news question
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        expect(cells.first).to_be_visible(timeout=60_000)
+        attach = cells.filter(has=page.locator(".cm-content", has_text="%finetune attach "))
+        view_title = attach.locator(".js-plotly-plot >> visible=true").locator(".gtitle")
+        expect(view_title).to_contain_text("running", timeout=30_000)
+        status_file = next((workdir / "runs").iterdir()) / "status.json"
+        run_step = json.loads(status_file.read_text())["step"]
+        deadline = time.monotonic() + 5
+        while (
+            shown := int((re.findall(r"step (\d+)", view_title.text_content() or "") or ["-1"])[0])
+        ) < run_step:
+            assert time.monotonic() < deadline, (
+                f"after the reload the view shows step {shown}, the run {run_step}"
+            )
+            page.wait_for_timeout(200)
+        assert "snapshot" not in (view_title.text_content() or "")
+        # (the attach cell's kernel draws its widget: the view that needs no kernel stays hidden there)
+        expect(attach.locator(".nbtrain-run-view")).to_be_hidden()
+        # The first cell's view lost its kernel at the restart: the lab extension follows the run from its
+        # run directory there, within 5 s of its step too, and says so.
+        first_view = cells.nth(1).locator(".nbtrain-run-view")
+        expect(first_view.locator(".nbtrain-state")).to_have_text("running", timeout=20_000)
+        run_step = json.loads(status_file.read_text())["step"]
+        deadline = time.monotonic() + 5
+        while int(first_view.get_attribute("data-step") or -1) < run_step:
+            assert time.monotonic() < deadline, (first_view.get_attribute("data-step"), run_step)
+            page.wait_for_timeout(200)
+        expect(first_view.locator(".nbtrain-page-updated")).to_contain_text("followed from its run directory")
+        expect(first_view.locator(".nbtrain-page-chart[data-chart='loss'] path")).to_have_count(1)
+        cells.nth(1).scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / "reloaded.png"))
+        page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click()
+        row = page.locator(".nbtrain-run", has=page.locator(".nbtrain-run-name", has_text="e2e"))
+        expect(row.locator(".nbtrain-state")).to_have_text("running", timeout=30_000)
         row.locator(".nbtrain-stop").click()
         expect(row.locator(".nbtrain-state")).to_have_text("stopped", timeout=120_000)
+        # Every view follows it to its end. The attach cell's kernel lives, but the reload cut its display ids
+        # (they are not saved with the notebook), so its updates have nowhere to go: its saved snapshot is the
+        # view with no kernel, and that one says "stopped" too, as does the first cell's.
+        states = attach.locator(".nbtrain-run-view >> visible=true").locator(".nbtrain-state")
+        deadline = time.monotonic() + 10
+        while not any(
+            "stopped" in (t or "") for t in states.all_text_contents() + view_title.all_text_contents()
+        ):
+            assert time.monotonic() < deadline, (states.all_text_contents(), view_title.all_text_contents())
+            page.wait_for_timeout(250)
+        expect(first_view.locator(".nbtrain-state")).to_have_text("stopped", timeout=10_000)
+        # the run record saved mid-run says what it recorded, and what the run is now
+        record = cells.nth(1).locator(".nbtrain-record")
+        expect(record.locator(".nbtrain-record-saved")).to_contain_text("running at step")
+        expect(record.locator(".nbtrain-record-now")).to_contain_text("now stopped", timeout=15_000)
+        cells.nth(1).scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / "stopped-views.png"))
 
         # Key completion in a %%finetune cell: Tab offers config keys served from the validator's schema.
         attach.locator(".cm-content").click()

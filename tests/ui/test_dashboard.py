@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nbtrain.ui.dashboard import PLOTLY_MIME, WIDGET_MIME, Dashboard
+from nbtrain.ui.dashboard import PLOTLY_MIME, RUN_VIEW_MIME, WIDGET_MIME, Dashboard
 from nbtrain.ui.figures import FIGURE_WIDTH, STATE_COLORS
 from tests.control.runs.test_metrics import RunFiles
 
@@ -315,6 +315,11 @@ def test_show_displays_the_widget_with_a_static_snapshot_then_leaves_a_static_fi
     assert PLOTLY_MIME in snap.bundles[0] and WIDGET_MIME not in snap.bundles[0]
     # seen without the kernel (a reload, a restart), the picture of the running run says when it was taken
     assert "snapshot at " in snap.bundles[0][PLOTLY_MIME]["layout"]["title"]["text"]
+    # and it names the run, so the lab extension shows it live from the run directory once the kernel is gone
+    view = snap.bundles[0][RUN_VIEW_MIME]
+    assert (view["run_id"], view["name"], view["state"]) == (files.run.id, files.run.name, "running")
+    assert isinstance(view["step"], int) and view["max_steps"] == files.run.status().max_steps
+    assert abs(view["taken_at"] - time.time()) < 60
     assert "<style>" in guard.bundles[0]["text/html"] and "nbtrain-live-" in dash.notes.value
     files.steps(4, 8)
     files.status("completed", step=7)
@@ -326,6 +331,7 @@ def test_show_displays_the_widget_with_a_static_snapshot_then_leaves_a_static_fi
     assert loss["x"]["dtype"] == "f8"  # plotly's typed-array encoding
     assert "completed" in final[PLOTLY_MIME]["layout"]["title"]["text"]
     assert "snapshot at" not in final[PLOTLY_MIME]["layout"]["title"]["text"]  # the final state: no time
+    assert RUN_VIEW_MIME not in final  # completed: nothing more can happen to it, the figure is the view
     assert "cdn.plot.ly" in final["text/html"]
     assert snap.bundles[-1]["text/html"] == guard.bundles[-1]["text/html"] == ""
     # the widgets are closed: their models are freed in the kernel and the frontend
@@ -467,10 +473,19 @@ def test_a_view_that_ended_stopped_comes_back_live_when_its_run_is_resumed(
         dash.thread.join(TIMEOUT)
         assert dash.finished and WIDGET_MIME not in handle.bundles[-1]
         assert "stopped" in handle.bundles[-1][PLOTLY_MIME]["layout"]["title"]["text"]
+        assert RUN_VIEW_MIME not in handle.bundles[-1]  # the final figure is plotly's, the watch is beside it
+        snap = displayed[1]
+        watch = snap.bundles[-1][RUN_VIEW_MIME]  # for a kernel that is gone when the run is resumed
+        assert watch == {
+            "run_id": files.run.id,
+            "name": files.run.name,
+            "watch": {"state": "stopped", "step": 3},
+        }
         assert board.REVIVALS.watched() == [dash]
         files.status("running", step=3)  # resumed: the run directory says so, and steps follow
         files.steps(4, 7)
         wait_for(lambda: not dash.finished and WIDGET_MIME in handle.bundles[-1])
+        wait_for(lambda: "watch" not in snap.bundles[-1][RUN_VIEW_MIME])  # live again: the kernel's snapshot
         wait_for(lambda: dash.fig is not None and len(trace(dash, "loss").x) == 6)
         assert "running" in title(dash) and board.REVIVALS.watched() == []
         files.steps(7, 9)
