@@ -28,6 +28,7 @@ from nbtrain.ui.figures import (
     memory_line,
     progress,
     run_plot,
+    throughput_top,
 )
 from tests.control.runs.test_metrics import RunFiles
 
@@ -135,6 +136,7 @@ def test_each_curve_has_a_colour_of_its_own(files: RunFiles) -> None:
 
 
 def test_throughput_is_smoothed_over_recent_steps_with_the_raw_values_faint(files: RunFiles) -> None:
+    assert throughput_top(polled(files)) is None  # no throughput yet: plotly's own axis
     rng = random.Random(1)
     raw = [1000.0 + rng.choice((-1, 1)) * rng.uniform(200, 800) for _ in range(60)]
     for i, v in enumerate(raw, start=1):
@@ -146,6 +148,9 @@ def test_throughput_is_smoothed_over_recent_steps_with_the_raw_values_faint(file
     s = np.asarray(smooth.y)
     assert np.allclose(s, ema(np.asarray(raw)))
     assert np.std(np.diff(s[10:])) < np.std(np.diff(raw[10:])) / 5  # smooth, not the spikes
+    # every value under the axis's top: nothing to say about spikes
+    assert max(raw) < fig.layout.yaxis4.range[1]
+    assert not [a for a in fig.layout.annotations if a.name == "throughput-peak"]
     assert abs(s[-20:].mean() - np.mean(raw[-20:])) < 150  # and still the level of the recent steps
     # the axis is the curve's: one spike of the faint raw line (10x) goes past the top, not flattens it
     files.step(61, tokens_per_s=20_000.0)
@@ -155,6 +160,9 @@ def test_throughput_is_smoothed_over_recent_steps_with_the_raw_values_faint(file
         max(by_key(fig)[("smooth", "tokens_per_s")].y) < top < 5000
         and fig.layout.yaxis4.title.text == "tokens/s"
     )
+    # and the panel says how high the spike went, so the cut line does not pass for the data's top
+    (note,) = [a for a in fig.layout.annotations if a.name == "throughput-peak"]
+    assert "20k" in note.text and "above the axis" in note.text
 
 
 def test_ema_starts_at_the_first_value_and_skips_gaps() -> None:

@@ -626,7 +626,7 @@ def chrome(
     name: str | None = None,
     *,
     estimate: MemoryLine | None = None,
-    throughput_top: float | None = None,
+    throughput_top: ThroughputAxis | None = None,
     title: bool = True,
 ) -> dict[str, Any]:
     """The layout that follows the run's progress: the title, the progress bar under it, an error line,
@@ -719,7 +719,24 @@ def chrome(
         look[xname] = {"visible": drawn}
         look[yname] = {"visible": drawn}
     if throughput_top is not None:
-        look[axes[3][1]] = {"visible": drawn, "range": [0, throughput_top], "autorange": False}
+        axis = throughput_top
+        look[axes[3][1]] = {"visible": drawn, "range": [0, axis.top], "autorange": False}
+        if drawn and axis.peak > axis.top:  # the spikes drawn past the top: say how high they went
+            xname, yname = axes[3]
+            annotations.append(
+                {
+                    "name": "throughput-peak",
+                    "text": f"▲ per-step spikes up to {_short(axis.peak)} tokens/s, above the axis",
+                    "xref": f"x{xname[5:]} domain",
+                    "yref": f"y{yname[5:]} domain",
+                    "x": 1,
+                    "y": 1,
+                    "xanchor": "right",
+                    "yanchor": "bottom",
+                    "showarrow": False,
+                    "font": {"size": 10, "color": MUTED},
+                }
+            )
     if title:
         look["title"] = {
             "text": header_title(p, name),
@@ -732,9 +749,24 @@ def chrome(
     return look
 
 
-def throughput_top(tail: MetricsTail) -> float | None:
+def _short(v: float) -> str:
+    """12,345 -> '12.3k' (as the axis labels read)."""
+    return f"{v / 1e6:.3g}M" if v >= 1e6 else f"{v / 1e3:.3g}k" if v >= 1e3 else f"{v:.3g}"
+
+
+@dataclass(frozen=True)
+class ThroughputAxis:
+    """The throughput panel's axis: its ``top``, and the highest per-step value (``peak``), which may lie
+    above it."""
+
+    top: float
+    peak: float
+
+
+def throughput_top(tail: MetricsTail) -> ThroughputAxis | None:
     """The top of the throughput axis: the smoothed curve and most per-step values fit, a rare spike of
-    the faint raw line goes past it (drawn to it, it would flatten the curve people read)."""
+    the faint raw line goes past it (drawn to it, it would flatten the curve people read); the panel then
+    says how high the spikes went (:func:`chrome`)."""
     s = tail.series(TOKENS)
     if s is None or not len(s):
         return None
@@ -743,7 +775,7 @@ def throughput_top(tail: MetricsTail) -> float | None:
     if not len(raw):
         return None
     top = max(float(np.percentile(raw, 95)), float(np.nanmax(ema(raw))))
-    return 1.15 * top if top > 0 else None
+    return ThroughputAxis(1.15 * top, float(np.max(raw))) if top > 0 else None
 
 
 def apply_chrome(fig: go.Figure, look: dict[str, Any]) -> None:
