@@ -140,6 +140,14 @@ def test_dashboard_mid_run_and_completed(
         page.wait_for_timeout(600)
         done = output.locator(".js-plotly-plot").evaluate_all(PLOTS_JS)
         dashboard.screenshot(path=str(shots / "dashboard-done.png"))
+        # the loss panel's controls: log scale, the smoothed curve over the faint raw one
+        plot = output.locator(".js-plotly-plot")
+        plot.locator(".updatemenu-button", has_text="log").click()
+        plot.locator(".updatemenu-button", has_text="smoothed").click()
+        page.wait_for_timeout(500)
+        state = plot.evaluate("gd => [gd.layout.yaxis.type, gd.data[1].visible, gd.data[0].opacity]")
+        assert state == ["log", True, 0.3], state
+        dashboard.screenshot(path=str(shots / "dashboard-log-smoothed.png"))
         text = output.inner_text()
         (shots / "done-output.html").write_text(output.inner_html())
 

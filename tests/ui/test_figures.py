@@ -68,6 +68,7 @@ def test_figure_has_a_trace_per_series_holding_the_files_data(files: RunFiles) -
     traces = by_key(fig)
     assert set(traces) == {
         ("metric", "loss"),
+        ("smooth", "loss"),
         ("metric", "eval_loss"),
         ("metric", "lr"),
         ("metric", "grad_norm"),
@@ -309,6 +310,7 @@ def test_figure_of_a_run_without_records_has_empty_core_traces(files: RunFiles) 
     fig = build_figure(polled(files), RunStatus("queued"))
     assert [tuple(t.meta) for t in fig.data] == [
         ("metric", "loss"),
+        ("smooth", "loss"),
         ("metric", "lr"),
         ("metric", "grad_norm"),
         ("metric", "tokens_per_s"),
@@ -322,7 +324,7 @@ def test_extra_keys_get_panels_of_their_own(files: RunFiles) -> None:
     files.step(1, **{"rewards/margins": 0.5, "rewards/accuracies": 0.75})
     extra = ("rewards/margins", "rewards/accuracies", "lr", "rewards/margins")  # repeats are dropped
     fig = build_figure(polled(files), RunStatus("running"), extra=extra)
-    assert len(fig.data) == 7
+    assert len(fig.data) == 8
     traces = by_name(fig)
     assert list(traces["rewards/margins"].y) == [0.5]
     assert traces["rewards/margins"].yaxis != traces["rewards/accuracies"].yaxis
@@ -430,3 +432,26 @@ def test_a_single_point_is_drawn_as_a_marker_until_a_second_one_makes_a_line(fil
     files.steps(2, 4)
     fig = build_figure(polled(files), RunStatus("running", step=3, max_steps=100))
     assert by_key(fig)[("metric", "loss")].mode == "lines"
+
+
+def test_the_loss_panel_switches_its_scale_and_smooths_its_curve_in_the_browser(files: RunFiles) -> None:
+    """TensorBoard's two controls, as plotly buttons over the loss panel: linear or log scale, raw or
+    smoothed curve (the smoothed twin drawn once asked, the raw line faint behind it). They name the two
+    loss traces by position, which every figure keeps first."""
+    rng = random.Random(2)
+    for i in range(1, 41):
+        files.step(i, loss=3.0 / i + rng.uniform(0, 0.3))
+    files.step(40, eval_loss=0.5)
+    fig = build_figure(polled(files), RunStatus("running", step=40))
+    raw, smooth = fig.data[0], fig.data[1]
+    assert tuple(raw.meta) == ("metric", "loss") and tuple(smooth.meta) == ("smooth", "loss")
+    assert raw.visible is not False and smooth.visible is False  # the raw curve until asked
+    assert np.allclose(smooth.y, ema(np.asarray(raw.y)))
+    menus = {m.name: m for m in fig.layout.updatemenus}
+    scale = {b.label: b.args for b in menus["loss-scale"].buttons}
+    assert scale == {"linear": ({"yaxis.type": "linear"},), "log": ({"yaxis.type": "log"},)}
+    curve = {b.label: b.args for b in menus["loss-curve"].buttons}
+    assert curve["smoothed"] == ({"visible": [True, True], "opacity": [0.3, 1.0]}, (0, 1))
+    assert curve["raw"][0]["visible"] == [True, False]
+    # over the loss panel, above its plot
+    assert all(m.y > fig.layout.yaxis.domain[1] for m in fig.layout.updatemenus)

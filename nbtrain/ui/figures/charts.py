@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 from nbtrain.contract.rundir import TERMINAL_STATES
 from nbtrain.control.memory import CUDA_CONTEXT_BYTES, NCCL_BYTES
 from nbtrain.control.runs.metrics import DEFAULT_CAP, MEMORY_KEYS, FloatArray, MetricsTail
+from nbtrain.ui.figures.axes import TOKENS, ThroughputAxis, loss_controls, short_number, throughput_top
 from nbtrain.ui.figures.clock import Clock, clock, duration, durations, ema, remaining
 from nbtrain.ui.figures.theme import (
     AXIS_LINE,
@@ -41,7 +42,7 @@ MIB = float(2**20)
 
 # ----------------------------------------------------------------------------------------- panels
 # The fixed panels; extra metric panels (e.g. a DPO recipe's rewards/margins) follow them.
-LOSS, LR, GRAD_NORM, TOKENS, MEMORY = "loss", "lr", "grad_norm", "tokens_per_s", "memory"
+LOSS, LR, GRAD_NORM, MEMORY = "loss", "lr", "grad_norm", "memory"
 PANEL_TITLES = {
     LOSS: "loss",
     LR: "learning rate",
@@ -199,6 +200,7 @@ class TraceSpec:
     unit: str = ""
     fmt: str = ".4~g"
     timed: bool = True  # the hover says when (the first trace of a panel; the others are read beside it)
+    visible: bool = True  # False: drawn once the panel's control asks for it (the smoothed loss)
 
     def data(self, frame: Frame) -> Trace:
         """x, y and the hover's time of each point, as drawn (memory in GiB, placed on the step axis)."""
@@ -264,6 +266,7 @@ class TraceSpec:
             line={"color": self.color, "dash": self.dash, "width": self.width},
             marker={"size": 7, "color": self.color},
             opacity=self.opacity,
+            visible=self.visible,
             showlegend=self.showlegend,
             legend=LEGENDS.get(self.panel, "legend"),
             legendgroup=self.legendgroup,
@@ -289,7 +292,13 @@ def trace_specs(frame: Frame) -> list[TraceSpec]:
     """
     tail = frame.tail
     has_eval = tail.series("eval_loss") is not None
-    specs = [TraceSpec(("metric", "loss"), LOSS, "loss", COLORS["loss"], showlegend=has_eval)]
+    specs = [
+        TraceSpec(("metric", "loss"), LOSS, "loss", COLORS["loss"], showlegend=has_eval),
+        # shown by the loss panel's "smoothed" control (LOSS_CONTROLS), the raw line then faint behind it
+        TraceSpec(
+            ("smooth", "loss"), LOSS, "smoothed", COLORS["loss"], width=2.4, visible=False, timed=False
+        ),
+    ]
     if has_eval:
         specs.append(
             TraceSpec(
@@ -451,6 +460,7 @@ def empty_figure(extra: Sequence[str] = ()) -> go.Figure:
         hovermode="x unified",
         # keeps the user's zoom and hidden traces while a live figure updates
         uirevision="nbtrain",
+        updatemenus=loss_controls(fig.layout[axes[LOSS][1]].domain[1] + (LEGEND_ROW_PX + 4) / area),
         **legends,
     )
     return fig
@@ -726,7 +736,7 @@ def chrome(
             annotations.append(
                 {
                     "name": "throughput-peak",
-                    "text": f"▲ per-step spikes up to {_short(axis.peak)} tokens/s, above the axis",
+                    "text": f"▲ per-step spikes up to {short_number(axis.peak)} tokens/s, above the axis",
                     "xref": f"x{xname[5:]} domain",
                     "yref": f"y{yname[5:]} domain",
                     "x": 1,
@@ -747,35 +757,6 @@ def chrome(
             "yanchor": "top",
         }
     return look
-
-
-def _short(v: float) -> str:
-    """12,345 -> '12.3k' (as the axis labels read)."""
-    return f"{v / 1e6:.3g}M" if v >= 1e6 else f"{v / 1e3:.3g}k" if v >= 1e3 else f"{v:.3g}"
-
-
-@dataclass(frozen=True)
-class ThroughputAxis:
-    """The throughput panel's axis: its ``top``, and the highest per-step value (``peak``), which may lie
-    above it."""
-
-    top: float
-    peak: float
-
-
-def throughput_top(tail: MetricsTail) -> ThroughputAxis | None:
-    """The top of the throughput axis: the smoothed curve and most per-step values fit, a rare spike of
-    the faint raw line goes past it (drawn to it, it would flatten the curve people read); the panel then
-    says how high the spikes went (:func:`chrome`)."""
-    s = tail.series(TOKENS)
-    if s is None or not len(s):
-        return None
-    raw = np.asarray(s.y)
-    raw = raw[np.isfinite(raw)]
-    if not len(raw):
-        return None
-    top = max(float(np.percentile(raw, 95)), float(np.nanmax(ema(raw))))
-    return ThroughputAxis(1.15 * top, float(np.max(raw))) if top > 0 else None
 
 
 def apply_chrome(fig: go.Figure, look: dict[str, Any]) -> None:
