@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from nbtrain.contract.gendoc import write_or_check  # noqa: E402
 from nbtrain.hardware import GPU, Hardware  # noqa: E402
 
 DOC = ROOT / "docs" / "plans.md"
@@ -449,14 +450,7 @@ def markdown(table: list[Row]) -> str:
 
 def main(argv: list[str]) -> int:
     text = markdown(rows())
-    if "--check" in argv:
-        if not DOC.exists() or DOC.read_text(encoding="utf-8") != text:
-            print(f"{DOC} is stale: run python -m bench.plan_table", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(text, encoding="utf-8")
-    print(f"wrote {DOC}")
-    return 0
+    return write_or_check(DOC, text, argv, "python -m bench.plan_table")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 // its metrics, read incrementally from the run directory's metrics.jsonl (the server's one metrics reader),
 // and the charts drawn from them. The run's page (runpage.ts) and a notebook view whose kernel is gone
 // (runview.ts) both show a run this way.
+import { Widget } from '@lumino/widgets';
+
 import { IRunInfo, requestAPI } from './api';
-import { axisLabel, chartGeometry, ISeries } from './logic';
+import { axisLabel, chartGeometry, ISeries, progressFraction, stepsText, waitingText } from './logic';
 
 export const POLL_MS = 2000; // while the run is active; an ended run is read every ENDED_POLL_MS (it may resume)
 export const ENDED_POLL_MS = 10000;
@@ -120,4 +122,55 @@ export function renderCharts(node: HTMLElement, points: Points, w: number, h: nu
     (box.querySelector('.nbtrain-page-chart-title') as HTMLElement).textContent =
       series.length > 1 ? `${chart.title} (${names})` : chart.title;
   }
+}
+
+/** The head both show: name, state, steps, loss, then ``buttons`` at the right. */
+export function headHTML(buttons: string): string {
+  return `
+      <div class="nbtrain-page-head">
+        <span class="nbtrain-page-name"></span>
+        <span class="nbtrain-state"></span>
+        <span class="nbtrain-page-steps"></span>
+        <span class="nbtrain-page-loss"></span>
+        <span class="nbtrain-actions-gap"></span>
+        ${buttons}
+      </div>`;
+}
+
+/** What the run's page and a notebook's run view share: a poll timer freed with the widget, and the head
+ * (name, state, steps or what the run is doing before its first logged step, loss, progress, error). */
+export abstract class FollowedRun extends Widget {
+  dispose(): void {
+    window.clearTimeout(this.timer);
+    this.timer = 0;
+    super.dispose();
+  }
+
+  protected q(sel: string): HTMLElement {
+    return this.node.querySelector(sel) as HTMLElement;
+  }
+
+  /** Draw the head from ``run`` and the points read so far; the step shown (see ``shownStep``). */
+  protected renderHead(run: IRunInfo, points: Points): number {
+    this.q('.nbtrain-page-name').textContent = run.name;
+    const state = this.q('.nbtrain-state');
+    state.textContent = run.state;
+    state.className = `nbtrain-state nbtrain-state-${run.state}`;
+    const step = shownStep(run, points);
+    const logged = Object.values(points).some(p => p.length > 0);
+    this.q('.nbtrain-page-steps').textContent = logged
+      ? run.phase ?? stepsText(step, run.max_steps)
+      : waitingText(run.state, run.phase);
+    this.q('.nbtrain-page-loss').textContent = run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;
+    const frac = run.state === 'completed' ? 1 : progressFraction(run.step, run.max_steps);
+    this.q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
+    const err = this.q('.nbtrain-error');
+    err.textContent = run.error ? `${run.error.type ?? 'error'}: ${run.error.message ?? ''}` : '';
+    err.style.display = run.error ? '' : 'none';
+    this.node.dataset.state = run.state;
+    this.node.dataset.step = String(step);
+    return step;
+  }
+
+  protected timer = 0;
 }

@@ -3,17 +3,15 @@
 // Resume and Stop server as on the card. It reads the server extension's REST API only (no notebook, no
 // kernel): any run, live, from wherever it was started, and after any kernel restart.
 import { showErrorMessage } from '@jupyterlab/apputils';
-import { Widget } from '@lumino/widgets';
 
 import { IRunInfo, RunAction, requestAPI, runAction } from './api';
-import { chartBoxes, ENDED_POLL_MS, POLL_MS, renderCharts, RunFollower, shownStep } from './follow';
-import { progressFraction, stepsText } from './logic';
+import { chartBoxes, ENDED_POLL_MS, FollowedRun, headHTML, POLL_MS, renderCharts, RunFollower } from './follow';
 
 const CHART_W = 320;
 const CHART_H = 120;
 const LOG_LINES = 40;
 
-export class RunPage extends Widget {
+export class RunPage extends FollowedRun {
   constructor(runId: string, name: string) {
     super();
     this._follower = new RunFollower(runId);
@@ -22,17 +20,10 @@ export class RunPage extends Widget {
     this.title.label = name;
     this.title.caption = `nbtrain run ${runId}`;
     this.title.closable = true;
-    this.node.innerHTML = `
-      <div class="nbtrain-page-head">
-        <span class="nbtrain-page-name"></span>
-        <span class="nbtrain-state"></span>
-        <span class="nbtrain-page-steps"></span>
-        <span class="nbtrain-page-loss"></span>
-        <span class="nbtrain-actions-gap"></span>
+    this.node.innerHTML = `${headHTML(`
         <button class="jp-mod-styled nbtrain-stop" data-action="stop">Stop</button>
         <button class="jp-mod-styled nbtrain-resume" data-action="resume">Resume</button>
-        <button class="jp-mod-styled nbtrain-server-stop" data-action="server/stop">Stop server</button>
-      </div>
+        <button class="jp-mod-styled nbtrain-server-stop" data-action="server/stop">Stop server</button>`)}
       <div class="nbtrain-page-id"></div>
       <div class="nbtrain-progress"><div class="nbtrain-progress-bar"></div></div>
       <div class="nbtrain-error"></div>
@@ -44,22 +35,12 @@ export class RunPage extends Widget {
     this.node.querySelectorAll('button').forEach(b =>
       b.addEventListener('click', () => void this._act(b.dataset.action as RunAction))
     );
-    this._q('.nbtrain-page-charts').append(...chartBoxes(CHART_W, CHART_H));
+    this.q('.nbtrain-page-charts').append(...chartBoxes(CHART_W, CHART_H));
     void this._tick();
   }
 
   get runId(): string {
     return this._follower.runId;
-  }
-
-  dispose(): void {
-    window.clearTimeout(this._timer);
-    this._timer = 0;
-    super.dispose();
-  }
-
-  private _q(sel: string): HTMLElement {
-    return this.node.querySelector(sel) as HTMLElement;
   }
 
   private async _tick(): Promise<void> {
@@ -74,47 +55,35 @@ export class RunPage extends Widget {
         `runs/${encodeURIComponent(this.runId)}/logs?n=${LOG_LINES}`
       );
       this._render(run, logs.text);
-      this._q('.nbtrain-page-updated').textContent = `read at ${this._follower.lastRead}`;
+      this.q('.nbtrain-page-updated').textContent = `read at ${this._follower.lastRead}`;
     } catch (e) {
       // says so, and when it last could: the page keeps what it showed
-      this._q('.nbtrain-page-updated').textContent = this._follower.unreachable(e);
+      this.q('.nbtrain-page-updated').textContent = this._follower.unreachable(e);
     }
     if (!this.isDisposed) {
-      this._timer = window.setTimeout(() => void this._tick(), done ? ENDED_POLL_MS : POLL_MS);
+      this.timer = window.setTimeout(() => void this._tick(), done ? ENDED_POLL_MS : POLL_MS);
     }
   }
 
   private _render(run: IRunInfo, log: string): void {
     this.title.label = run.name;
-    this._q('.nbtrain-page-name').textContent = run.name;
-    const state = this._q('.nbtrain-state');
-    state.textContent = run.state;
-    state.className = `nbtrain-state nbtrain-state-${run.state}`;
-    const step = shownStep(run, this._follower.points);
-    this._q('.nbtrain-page-steps').textContent = run.phase ?? stepsText(step, run.max_steps);
-    this._q('.nbtrain-page-loss').textContent = run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;
-    this._q('.nbtrain-page-id').textContent = `${run.id} · ${run.run_dir}`;
-    const frac = run.state === 'completed' ? 1 : progressFraction(run.step, run.max_steps);
-    this._q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
-    const err = this._q('.nbtrain-error');
-    err.textContent = run.error ? `${run.error.type ?? 'error'}: ${run.error.message ?? ''}` : '';
-    err.style.display = run.error ? '' : 'none';
-    const server = this._q('.nbtrain-page-server');
+    this.renderHead(run, this._follower.points);
+    this.q('.nbtrain-page-id').textContent = `${run.id} · ${run.run_dir}`;
+    const server = this.q('.nbtrain-page-server');
     server.textContent = run.server
       ? `model server: ${run.server.url ?? run.server.note ?? 'another user\'s'}`
       : '';
     server.style.display = run.server ? '' : 'none';
     const show = (sel: string, on: boolean) => {
-      const b = this._q(sel) as HTMLButtonElement;
+      const b = this.q(sel) as HTMLButtonElement;
       b.style.display = on ? '' : 'none';
       b.disabled = this._busy;
     };
     show('.nbtrain-stop', !run.done);
     show('.nbtrain-resume', run.resumable);
     show('.nbtrain-server-stop', !!run.server?.url);
-    this.node.dataset.state = run.state;
     renderCharts(this.node, this._follower.points, CHART_W, CHART_H);
-    const pre = this._q('.nbtrain-page-log');
+    const pre = this.q('.nbtrain-page-log');
     const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
     pre.textContent = log;
     if (atEnd) {
@@ -135,6 +104,5 @@ export class RunPage extends Widget {
   }
 
   private _follower: RunFollower;
-  private _timer = 0;
   private _busy = false;
 }

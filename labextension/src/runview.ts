@@ -4,11 +4,9 @@
 // dashboard's own style); once that kernel is gone (restarted, shut down, the page reloaded without it),
 // this view follows the run from the run directory through the server extension, like the run's page, so
 // it never shows an old state as if current: it says where it reads from and when it last could.
-import { Widget } from '@lumino/widgets';
-
 import { IRunInfo } from './api';
-import { chartBoxes, ENDED_POLL_MS, POLL_MS, renderCharts, RunFollower, shownStep } from './follow';
-import { progressFraction, stepsText, waitingText } from './logic';
+import { chartBoxes, ENDED_POLL_MS, FollowedRun, headHTML, POLL_MS, renderCharts, RunFollower } from './follow';
+import { progressFraction, stepsText } from './logic';
 
 export const RUN_VIEW_MIME = 'application/vnd.nbtrain.run-view+json';
 // Asks the sidebar's plugin (index.ts) to open a run's page: a MIME renderer has no shell of its own.
@@ -37,25 +35,17 @@ interface IMimeModel {
   readonly data: { readonly [mime: string]: unknown };
 }
 
-export class RunView extends Widget {
+export class RunView extends FollowedRun {
   constructor() {
     super();
     this.addClass('nbtrain-run-view');
-    this.node.innerHTML = `
-      <div class="nbtrain-page-head">
-        <span class="nbtrain-page-name"></span>
-        <span class="nbtrain-state"></span>
-        <span class="nbtrain-page-steps"></span>
-        <span class="nbtrain-page-loss"></span>
-        <span class="nbtrain-actions-gap"></span>
-        <button class="jp-mod-styled nbtrain-view-page">Open page</button>
-      </div>
+    this.node.innerHTML = `${headHTML('<button class="jp-mod-styled nbtrain-view-page">Open page</button>')}
       <div class="nbtrain-progress"><div class="nbtrain-progress-bar"></div></div>
       <div class="nbtrain-error"></div>
       <div class="nbtrain-page-charts"></div>
       <div class="nbtrain-page-updated"></div>`;
-    this._q('.nbtrain-page-charts').append(...chartBoxes(CHART_W, CHART_H));
-    this._q('.nbtrain-view-page').addEventListener('click', () => {
+    this.q('.nbtrain-page-charts').append(...chartBoxes(CHART_W, CHART_H));
+    this.q('.nbtrain-view-page').addEventListener('click', () => {
       if (this._follower) {
         const detail = { runId: this._follower.runId, name: this._name };
         document.dispatchEvent(new CustomEvent(OPEN_PAGE_EVENT, { detail }));
@@ -67,11 +57,11 @@ export class RunView extends Widget {
   async renderModel(model: IMimeModel): Promise<void> {
     const data = model.data[RUN_VIEW_MIME] as IRunViewData | undefined;
     if (!data?.run_id) {
-      this._q('.nbtrain-page-updated').textContent = 'no run named in this output';
+      this.q('.nbtrain-page-updated').textContent = 'no run named in this output';
       return;
     }
     this._name = data.name ?? data.run_id;
-    this._q('.nbtrain-page-name').textContent = this._name;
+    this.q('.nbtrain-page-name').textContent = this._name;
     this._watch = data.watch ?? null;
     this.node.classList.toggle('nbtrain-watching', this._watch !== null);
     this.node.classList.remove('nbtrain-went-on');
@@ -80,19 +70,9 @@ export class RunView extends Widget {
         this._first(data);
       }
       this._follower = new RunFollower(data.run_id);
-      window.clearTimeout(this._timer);
+      window.clearTimeout(this.timer);
       await this._tick();
     }
-  }
-
-  dispose(): void {
-    window.clearTimeout(this._timer);
-    this._timer = 0;
-    super.dispose();
-  }
-
-  private _q(sel: string): HTMLElement {
-    return this.node.querySelector(sel) as HTMLElement;
   }
 
   private async _tick(): Promise<void> {
@@ -111,57 +91,39 @@ export class RunView extends Widget {
         const w = this._watch;
         this.node.classList.toggle('nbtrain-went-on', !!w && (run.state !== w.state || run.step !== w.step));
         this._render(run);
-        this._q('.nbtrain-page-updated').textContent =
+        this.q('.nbtrain-page-updated').textContent =
           `followed from its run directory (no kernel follows this view) · read at ${follower.lastRead}`;
       } catch (e) {
-        this._q('.nbtrain-page-updated').textContent = follower.unreachable(e);
+        this.q('.nbtrain-page-updated').textContent = follower.unreachable(e);
       }
     }
     if (!this.isDisposed && follower === this._follower) {
       // not shown yet (being laid out, or under the kernel's widget): look again soon, without reading
       const wait = !shown && this._watch === null ? HIDDEN_MS : done ? ENDED_POLL_MS : POLL_MS;
-      this._timer = window.setTimeout(() => void this._tick(), wait);
+      this.timer = window.setTimeout(() => void this._tick(), wait);
     }
   }
 
   /** What the kernel saw when it wrote the output, said as such, until the first read of the run. */
   private _first(data: IRunViewData): void {
-    const state = this._q('.nbtrain-state');
+    const state = this.q('.nbtrain-state');
     state.textContent = data.state ?? '';
     state.className = `nbtrain-state nbtrain-state-${data.state}`;
-    this._q('.nbtrain-page-steps').textContent = data.phase ?? stepsText(data.step ?? 0, data.max_steps ?? null);
+    this.q('.nbtrain-page-steps').textContent = data.phase ?? stepsText(data.step ?? 0, data.max_steps ?? null);
     this.node.dataset.state = data.state ?? '';
     const frac = progressFraction(data.step ?? 0, data.max_steps ?? null);
-    this._q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
+    this.q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
     const at = data.taken_at ? new Date(data.taken_at * 1000).toLocaleTimeString() : 'an earlier time';
-    this._q('.nbtrain-page-updated').textContent = `as its kernel saw it at ${at}; reading the run…`;
+    this.q('.nbtrain-page-updated').textContent = `as its kernel saw it at ${at}; reading the run…`;
   }
 
   private _render(run: IRunInfo): void {
     this._name = run.name;
-    this._q('.nbtrain-page-name').textContent = run.name;
-    const state = this._q('.nbtrain-state');
-    state.textContent = run.state;
-    state.className = `nbtrain-state nbtrain-state-${run.state}`;
-    const points = this._follower!.points;
-    const step = shownStep(run, points);
-    const logged = Object.values(points).some(p => p.length > 0);
-    this._q('.nbtrain-page-steps').textContent = logged
-      ? run.phase ?? stepsText(step, run.max_steps)
-      : waitingText(run.state, run.phase);
-    this._q('.nbtrain-page-loss').textContent = run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;
-    const frac = run.state === 'completed' ? 1 : progressFraction(run.step, run.max_steps);
-    this._q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
-    const err = this._q('.nbtrain-error');
-    err.textContent = run.error ? `${run.error.type ?? 'error'}: ${run.error.message ?? ''}` : '';
-    err.style.display = run.error ? '' : 'none';
-    this.node.dataset.state = run.state;
-    this.node.dataset.step = String(step);
+    this.renderHead(run, this._follower!.points);
     renderCharts(this.node, this._follower!.points, CHART_W, CHART_H);
   }
 
   private _follower: RunFollower | null = null;
   private _watch: { state: string; step: number } | null = null;
   private _name = '';
-  private _timer = 0;
 }

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.gendoc import write_or_check
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "config.md"
 
@@ -175,14 +176,7 @@ def markdown() -> str:
 
 def main(argv: list[str]) -> int:
     text = markdown()
-    if "--check" in argv:
-        if not DOC.exists() or DOC.read_text(encoding="utf-8") != text:
-            print(f"{DOC} is stale: run python -m nbtrain.control.config.reference", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(text, encoding="utf-8")
-    print(f"wrote {DOC}")
-    return 0
+    return write_or_check(DOC, text, argv, "python -m nbtrain.control.config.reference")
 
 
 if __name__ == "__main__":
