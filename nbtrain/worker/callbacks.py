@@ -193,6 +193,12 @@ class RunDirCallback(TrainerCallback):
                 rec["tokens_per_s"] = (rec["tokens"] - self._last_tokens) / dt
             self._last_t, self._last_tokens = now, rec["tokens"]
         writer.submit(self.metrics.write, rec)
+        if control.should_save:
+            # The Trainer writes this step's checkpoint next. A kill after its last file (trainer_state.json)
+            # and before on_save leaves it unmarked but whole, and resume takes such a checkpoint
+            # (rundir.latest_complete_checkpoint), then logs from the next step on: this row must be on
+            # disk before the checkpoint exists (a CI run lost step 14 of 200 so).
+            writer.drain()
         self._status("stopping" if self.stop.requested else "running", state)
         self._check_finite(rec, state, control)
 

@@ -44,3 +44,30 @@ def test_a_queued_running_status_never_lands_after_the_final_one(tmp_path: Path)
     write_status(paths, "completed", step=50)
     time.sleep(0.05)
     assert read_json(paths.status)["state"] == "completed"
+
+
+def test_a_steps_row_is_on_disk_before_the_checkpoint_of_that_step_is_written(tmp_path: Path) -> None:
+    """A kill after the Trainer's last checkpoint file and before on_save leaves a whole, unmarked
+    checkpoint that resume takes (it then logs from the next step): so on_log of a step that saves must
+    not leave its row queued behind the writer's round (seen in CI: step 14 of 200 missing)."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from nbtrain.contract.rundir import read_jsonl
+    from nbtrain.worker.callbacks import RunDirCallback
+    from nbtrain.worker.control import StopControl
+
+    paths = RunPaths(tmp_path)
+    paths.make()
+    cb = RunDirCallback(paths, StopControl(paths))
+    cb._open()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none")
+    gate = threading.Event()
+    for step, save in ((1, False), (2, True)):
+        writer.submit(gate.wait, 0.15)  # the writer busy with a slow write, as on a loaded machine
+        state = TrainerState(global_step=step, epoch=0.1 * step)
+        cb.on_log(args, state, TrainerControl(should_save=save), logs={"loss": 1.0 / step})
+        logged = [r["step"] for r in read_jsonl(paths.metrics) if "loss" in r]
+        if save:  # the row is on disk when on_log returns, before the Trainer writes the checkpoint
+            assert logged == [1, 2], logged
+    gate.set()
+    writer.drain()
