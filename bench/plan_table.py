@@ -204,10 +204,8 @@ COMPARISONS = (
         ("unsloth-llama3.1-8b-alpaca-t4", "llamafactory-llama3-8b-qlora4-bnb-otfq"),
         "same method, precision, checkpointing and learning rate as Unsloth's T4 notebook; optimizer differs",
         "fused AdamW with fp32 states where Unsloth uses 8-bit AdamW: the adapters' states are under 1% of "
-        "the "
-        "card (test_the_adapters_optimizer_state_is_a_sliver_of_the_card), so 8-bit states would save "
-        "under 1% "
-        "and the fused kernel updates every tensor in one launch",
+        "the card (test_the_adapters_optimizer_state_is_a_sliver_of_the_card), so 8-bit states would save "
+        "under 1% and the fused kernel updates every tensor in one launch",
     ),
     Comparison(
         "Llama 3 8B on one RTX 4090",
@@ -220,8 +218,7 @@ COMPARISONS = (
         "same: LoRA on the 16-bit weights, bf16, activation checkpointing, micro-batch 2",
         "torchtune measured this job on a 4090 at 16.2 GiB (tests/fixtures/published_peaks.json); QLoRA, "
         "which a rule of thumb on the weights alone would pick, dequantises every matmul (0.76x LoRA's "
-        "tokens/s "
-        "on an H200)",
+        "tokens/s on an H200)",
     ),
     Comparison(
         "Llama 3 70B on 8 A100 40GB",
@@ -233,8 +230,7 @@ COMPARISONS = (
         ("torchtune-llama3.1-70b-lora-8gpu", "llamafactory-llama3-8b-lora-sft-ds3"),
         "same: LoRA with the 16-bit weights sharded over the GPUs (torchtune: FSDP2; LLaMA-Factory: ZeRO-3)",
         "ZeRO-3 and FSDP's full shard hold the same eighth of the weights per GPU; torchtune measured its "
-        "70B "
-        "LoRA at 27.6 GiB per A100",
+        "70B LoRA at 27.6 GiB per A100",
     ),
     Comparison(
         "Llama 3 8B full fine-tune on 8 H100",
@@ -250,9 +246,8 @@ COMPARISONS = (
         ),
         "differs: ZeRO-2 where the peers' examples shard everything (ZeRO-3 / FSDP)",
         "nbtrain takes the first rung of the ladder that fits: ZeRO-2 keeps the weights whole on each GPU, "
-        "so a "
-        "step moves 2x the parameters over the links where ZeRO-3 moves 3x (the ZeRO paper's analysis) and "
-        "gathers nothing in forward; ZeRO-3 is taken where ZeRO-2 does not fit (8 x A100 40GB)",
+        "so a step moves 2x the parameters over the links where ZeRO-3 moves 3x (the ZeRO paper's analysis) "
+        "and gathers nothing in forward; ZeRO-3 is taken where ZeRO-2 does not fit (8 x A100 40GB)",
     ),
     Comparison(
         "Llama 3 8B full fine-tune on one GPU",
@@ -263,12 +258,11 @@ COMPARISONS = (
         {"method": "full", "fits": False},
         ("torchtune-llama3.1-8b-full-1gpu", "axolotl-llama3.1-8b-full"),
         "differs: nbtrain refuses it and says the smallest change (method: lora); torchtune and axolotl "
-        "train "
-        "it in pure bf16 with an 8-bit optimizer",
+        "train it in pure bf16 with an 8-bit optimizer",
         "nbtrain's full fine-tunes keep fp32 master weights: in pure bf16 an AdamW step at learning rate "
-        "2e-5 "
-        "is lost on a weight of 0.02 (bf16 keeps 8 bits of mantissa; test_pure_bf16_loses_the_updates_fp32_"
-        "master_weights_keep), so the run would leave most weights unchanged",
+        "2e-5 is lost on a weight of 0.02 (bf16 keeps 8 bits of mantissa; "
+        "test_pure_bf16_loses_the_updates_fp32_master_weights_keep), so the run would leave most weights "
+        "unchanged",
     ),
     Comparison(
         "Learning rate of a LoRA SFT",
@@ -301,9 +295,8 @@ COMPARISONS = (
         ),
         "differs: the largest micro-batch that fits, where the peers' examples fix 1-2 and accumulate",
         "the same effective batch and the same gradients, in fewer and larger matmuls "
-        "(test_every_planned_row_"
-        "keeps_the_effective_batch); the peers' fixed micro-batches are sized for the smallest card they "
-        "target",
+        "(test_every_planned_row_keeps_the_effective_batch); the peers' fixed micro-batches are sized for "
+        "the smallest card they target",
     ),
     Comparison(
         "Precision and attention on a T4",
@@ -314,8 +307,7 @@ COMPARISONS = (
         {"precision": "fp16", "attn": "sdpa"},
         ("unsloth-llama3.1-8b-alpaca-t4",),
         "same: fp16 on a card without bf16 (Unsloth's notebooks choose float16 for a T4), no "
-        "flash-attention 2 "
-        "(it needs compute capability 8.0)",
+        "flash-attention 2 (it needs compute capability 8.0)",
         "",
     ),
 )
@@ -342,8 +334,7 @@ def comparison_markdown(table: list[Row]) -> list[str]:
     out = ["## The plan against what experts run", "",
            "Each situation's plan (from the table above) beside the peers' own recipes for it "
            "(tests/fixtures/peer_recipes.json: their example configs and notebooks, read at the commits "
-           "named "
-           "there). Where nbtrain differs, the reason is tested in tests/bench/test_plan_table.py.", "",
+           "named there). Where nbtrain differs, the reason is tested in tests/bench/test_plan_table.py.", "",
            "| situation | nbtrain plans | the peers run | verdict | why |", "|---" * 5 + "|"]  # fmt: skip
     for c in COMPARISONS:
         row = next(
@@ -358,14 +349,11 @@ def comparison_markdown(table: list[Row]) -> list[str]:
         theirs = "<br>".join(_peer_cell(peers[i]) for i in c.peers)
         out.append(f"| {c.situation} ({c.gpus} x {c.machine}) | {mine} | {theirs} | {c.verdict} | {c.why} |")
     out += ["", "Left as it is, and said: nbtrain's `lora.target_modules: auto` is PEFT's default for the "
-            "model "
-            "(q_proj and v_proj for Llama, Mistral and Qwen), where every peer trains all linear layers by "
-            "default "
-            "(the QLoRA paper found that needed to match full fine-tuning). `lora: {target_modules: "
-            "all-linear}` "
-            "does what the peers do. QLoRA under FSDP (axolotl's 70B on 2 x 24 GB, ms-swift's 72B) is not "
-            "offered: 4-bit weights are not sharded here, so a 70B on 8 x 24 GB plans LoRA with ZeRO-3 and "
-            "offload.", ""]  # fmt: skip
+            "model (q_proj and v_proj for Llama, Mistral and Qwen), where every peer trains all linear "
+            "layers by default (the QLoRA paper found that needed to match full fine-tuning). `lora: "
+            "{target_modules: all-linear}` does what the peers do. QLoRA under FSDP (axolotl's 70B on 2 x "
+            "24 GB, ms-swift's 72B) is not offered: 4-bit weights are not sharded here, so a 70B on 8 x 24 "
+            "GB plans LoRA with ZeRO-3 and offload.", ""]  # fmt: skip
     return out
 
 
@@ -375,11 +363,10 @@ def published_markdown() -> list[str]:
 
     data = json.loads((ROOT / "tests" / "fixtures" / "published_peaks.json").read_text())
     out = ["## The estimate against published measurements", "",
-           "Peaks others measured on GPUs for jobs whose settings they state, against nbtrain's estimate "
-           "of the "
-           "same job from the model's config.json (tests/control/test_published_peaks.py holds each to its "
-           "tolerance: 15%, or wider with the reason written in the fixture). *estimate*: the tensors the "
-           "estimate counts, which is what an allocated-bytes counter sees.", "",
+           "Peaks others measured on GPUs for jobs whose settings they state, against nbtrain's estimate of "
+           "the same job from the model's config.json (tests/control/test_published_peaks.py holds each to "
+           "its tolerance: 15%, or wider with the reason written in the fixture). *estimate*: the tensors "
+           "the estimate counts, which is what an allocated-bytes counter sees.", "",
            "| case | card | measured | estimate | ratio | tolerance |", "|---" * 6 + "|"]  # fmt: skip
     for c in data["cases"]:
         config = json.loads((CONFIGS / c["config"] / "config.json").read_text())
@@ -398,17 +385,13 @@ def published_markdown() -> list[str]:
             "No allocated-bytes counter sees the CUDA context (nbtrain counts 0.75 GiB) or the allocator's "
             "reserve (10% of the tensors), here or in nbtrain's own H200 measurements "
             "(tests/fixtures/gpu_peaks.json): both stay documented figures (control/memory/costs.py). "
-            "Unsloth "
-            "Studio's calibrated estimator (unslothai/unsloth, "
+            "Unsloth Studio's calibrated estimator (unslothai/unsloth, "
             "studio/backend/utils/hardware/VRAM_ESTIMATION.md: a formula, no measurements) counts 1.4 GB of "
             "CUDA overhead, 4-bit weights at 0.625 bytes each (0.556 with double quantisation) and "
-            "activations "
-            "times 1.25. nbtrain counts the storage bitsandbytes allocates: 0.5625 bytes a weight (a "
-            "4-bit code "
-            "and an fp32 absmax per 64 weights), 0.5157 with double quantisation, plus one linear "
-            "dequantised "
-            "at a time; the published QLoRA rows above (LitGPT, bitsandbytes) agree within 6% where their "
-            "settings are known.", ""]  # fmt: skip
+            "activations times 1.25. nbtrain counts the storage bitsandbytes allocates: 0.5625 bytes a "
+            "weight (a 4-bit code and an fp32 absmax per 64 weights), 0.5157 with double quantisation, plus "
+            "one linear dequantised at a time; the published QLoRA rows above (LitGPT, bitsandbytes) agree "
+            "within 6% where their settings are known.", ""]  # fmt: skip
     return out
 
 
@@ -429,11 +412,10 @@ def markdown(table: list[Row]) -> str:
         "fit rule lets a run use of it; where it does not fit, **no** and the smallest change that would "
         "(what `nbtrain.start` says when it refuses the run).",
         "",
-        "How these choices compare with what LLaMA-Factory, Unsloth, axolotl, torchtune and ms-swift publish "
-        "for the same situations, and why nbtrain differs where it does: "
-        "[below](#the-plan-against-what-experts-"
-        "run); the estimate against peaks others measured: [below](#the-estimate-against-published-"
-        "measurements).",
+        "How these choices compare with what LLaMA-Factory, Unsloth, axolotl, torchtune and ms-swift "
+        "publish for the same situations, and why nbtrain differs where it does: "
+        "[below](#the-plan-against-what-experts-run); the estimate against peaks others measured: "
+        "[below](#the-estimate-against-published-measurements).",
         "",
     ]
     for machine in MACHINES:

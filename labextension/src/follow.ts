@@ -153,23 +153,30 @@ export abstract class FollowedRun extends Widget {
   /** Draw the head from ``run`` and the points read so far; the step shown (see ``shownStep``). */
   protected renderHead(run: IRunInfo, points: Points): number {
     this.q('.nbtrain-page-name').textContent = run.name;
-    const state = this.q('.nbtrain-state');
-    state.textContent = run.state;
-    state.className = `nbtrain-state nbtrain-state-${run.state}`;
     const step = shownStep(run, points);
     const logged = Object.values(points).some(p => p.length > 0);
-    this.q('.nbtrain-page-steps').textContent = logged
-      ? run.phase ?? stepsText(step, run.max_steps)
-      : waitingText(run.state, run.phase);
-    this.q('.nbtrain-page-loss').textContent = run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;
     const frac = run.state === 'completed' ? 1 : progressFraction(run.step, run.max_steps);
-    this.q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
+    this.setState(
+      run.state,
+      logged ? run.phase ?? stepsText(step, run.max_steps) : waitingText(run.state, run.phase),
+      frac
+    );
+    this.q('.nbtrain-page-loss').textContent = run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;
     const err = this.q('.nbtrain-error');
     err.textContent = run.error ? `${run.error.type ?? 'error'}: ${run.error.message ?? ''}` : '';
     err.style.display = run.error ? '' : 'none';
-    this.node.dataset.state = run.state;
     this.node.dataset.step = String(step);
     return step;
+  }
+
+  /** The state chip, the steps text and the progress bar (``frac`` of the run done). */
+  protected setState(state: string, steps: string, frac: number): void {
+    const chip = this.q('.nbtrain-state');
+    chip.textContent = state;
+    chip.className = `nbtrain-state nbtrain-state-${state}`;
+    this.q('.nbtrain-page-steps').textContent = steps;
+    this.q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
+    this.node.dataset.state = state;
   }
 
   protected timer = 0;

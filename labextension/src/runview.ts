@@ -106,13 +106,9 @@ export class RunView extends FollowedRun {
 
   /** What the kernel saw when it wrote the output, said as such, until the first read of the run. */
   private _first(data: IRunViewData): void {
-    const state = this.q('.nbtrain-state');
-    state.textContent = data.state ?? '';
-    state.className = `nbtrain-state nbtrain-state-${data.state}`;
-    this.q('.nbtrain-page-steps').textContent = data.phase ?? stepsText(data.step ?? 0, data.max_steps ?? null);
-    this.node.dataset.state = data.state ?? '';
-    const frac = progressFraction(data.step ?? 0, data.max_steps ?? null);
-    this.q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
+    const step = data.step ?? 0;
+    const steps = data.phase ?? stepsText(step, data.max_steps ?? null);
+    this.setState(data.state ?? '', steps, progressFraction(step, data.max_steps ?? null));
     const at = data.taken_at ? new Date(data.taken_at * 1000).toLocaleTimeString() : 'an earlier time';
     this.q('.nbtrain-page-updated').textContent = `as its kernel saw it at ${at}; reading the run…`;
   }

@@ -340,8 +340,7 @@ class Dashboard:
         if not st.done:  # the picture of a run that goes on: seen without its kernel, a live view instead
             # (the state, step and phase: what the view shows until it has read the run itself)
             bundle[RUN_VIEW_MIME] = {
-                "run_id": self.run.id,
-                "name": self.run.name,
+                **self._run_ref(),
                 "state": st.state,
                 "step": st.step,
                 "max_steps": st.max_steps,
@@ -357,8 +356,11 @@ class Dashboard:
         if st.state not in REVIVABLE:
             return {"text/html": "", "text/plain": ""}
         watch = {"state": st.state, "step": st.step}
-        return {RUN_VIEW_MIME: {"run_id": self.run.id, "name": self.run.name, "watch": watch},
-                "text/html": "", "text/plain": ""}  # fmt: skip
+        return {RUN_VIEW_MIME: {**self._run_ref(), "watch": watch}, "text/html": "", "text/plain": ""}
+
+    def _run_ref(self) -> dict[str, str]:
+        """What names the run in a ``RUN_VIEW_MIME`` output."""
+        return {"run_id": self.run.id, "name": self.run.name}
 
     def text(self, st: RunStatus | None = None) -> str:
         st = st or self.status or self.run.status()
