@@ -185,10 +185,13 @@ def holds_inherited_lock(paths: RunPaths) -> bool:
     return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that readers see the old or the new file, never a mix."""
+def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
+    """Replace ``path`` with ``text`` so that readers see the old or the new file, never a mix. The file is
+    private (0600) unless ``mode`` says otherwise."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

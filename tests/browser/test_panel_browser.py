@@ -15,6 +15,7 @@ from typing import Any
 
 import nbformat
 import pytest
+import yaml
 
 import nbtrain
 from tests.browser.conftest import lab_page, write_notebook
@@ -159,4 +160,22 @@ def test_a_kernel_restart_keeps_the_form_an_empty_panel_cell_held(
         expect(panel).to_contain_text("the form this cell held before the kernel restarted")
         expect(panel.locator(".nbtrain-plan")).to_contain_text("Plan: lora sft", timeout=30_000)
         page.screenshot(path=str(shots / "panel-after-restart.png"))
+
+        # Save writes the form to a file; a second Save of that name asks before replacing it; Load
+        # reads it back into a form that changed meanwhile
+        panel.locator("input[placeholder='my-run.yaml']").fill("keep.yaml")
+        save = panel.locator("button", has_text="Save")
+        save.click()
+        expect(panel).to_contain_text("saved to keep.yaml", timeout=10_000)
+        save.click()
+        expect(panel.locator("button", has_text="Replace")).to_be_visible(timeout=10_000)
+        expect(panel).to_contain_text("keep.yaml exists: press Replace")
+        panel.screenshot(path=str(shots / "panel-save-replace.png"))
+        panel.locator("input[placeholder='./model-dir or org/name']").fill("./elsewhere")
+        panel.locator("input[placeholder='run id or name, or a .yaml file']").fill("keep.yaml")
+        panel.locator("button", has_text="Load").click()
+        expect(panel).to_contain_text("loaded the form from keep.yaml", timeout=10_000)
+        expect(panel.locator("input[placeholder='./model-dir or org/name']")).to_have_value("./tiny-llama")
     assert not errors, errors
+    saved = yaml.safe_load((workdir / "keep.yaml").read_text())
+    assert saved["model"] == "./tiny-llama" and saved["data"]["train"] == "data/add.jsonl"

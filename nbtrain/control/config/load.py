@@ -50,8 +50,13 @@ def parse_source(source: str | Path | dict[str, Any]) -> tuple[dict[str, Any] | 
         p = Path(source).expanduser()
         if not p.is_file():
             raise ConfigError([Problem("", f"config file not found: {p.resolve()}")])
-        with p.open(encoding="utf-8") as f:
-            text = f.read(MAX_YAML_BYTES + 1)  # a longer file is refused by load_yaml, not read whole
+        try:
+            with p.open(encoding="utf-8") as f:
+                text = f.read(MAX_YAML_BYTES + 1)  # a longer file is refused by load_yaml, not read whole
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                [Problem("", f"config file {p} is not UTF-8 text (byte {e.start}): save it as UTF-8 YAML")]
+            ) from None
     else:
         text = str(source)
     try:

@@ -289,3 +289,25 @@ def preview_html(p: Preview) -> str:
         parts.append("</div>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def preview_inputs(cfg: Mapping[str, Any], base: Path) -> tuple[Any, ...]:
+    """What the preview depends on (including file times), so other edits do not re-read the data."""
+    data, train = section_of(cfg, "data"), section_of(cfg, "train")
+    stamps: list[Any] = []
+    for spec in (data.get("train"), cfg.get("model")):
+        if isinstance(spec, str) and spec.strip():
+            p = resolve_path(spec, base)
+            for q in (p, p / "chat_template.jinja", p / "tokenizer_config.json"):
+                try:
+                    stamps.append(q.stat().st_mtime_ns)
+                except OSError:
+                    stamps.append(None)
+    return (
+        base,
+        repr(data.get("train")),
+        repr(data.get("format")),
+        repr(cfg.get("model")),
+        bool(train.get("assistant_only_loss")),
+        tuple(stamps),
+    )

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import html
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nbtrain.control.config.preset import Preset
+
 LABEL_WIDTH = 168  # px; the labels are words, so they fit (no key path cut off)
 FIELD_WIDTH = "372px"
 ERROR_STYLE = f"color:#c62828;font-size:12px;line-height:1.3;margin:0 0 2px {LABEL_WIDTH + 8}px"
@@ -32,3 +38,16 @@ CSS = f"""<style>
   border-left:3px solid #1565c0; background:var(--jp-layout-color2, #f5f5f5);
   color:var(--jp-ui-font-color1, #424242)}}
 </style>"""
+
+
+def preset_note_html(preset: Preset | None) -> str:
+    """The panel's note on the lab preset in force: its file and rules."""
+    if preset is None:
+        return ""
+    rules = "".join(f"<li>{html.escape(r)}</li>" for r in preset.rules())
+    return (
+        f"<div class='nbtrain-preset' style='border-left:3px solid #6a1b9a;padding-left:8px'>"
+        f"&#128274; <b>Lab preset</b> <code>{html.escape(str(preset.source))}</code>: greyed fields are "
+        f"fixed by the course; a config outside these rules is refused."
+        f"<ul style='margin:2px 0'>{rules}</ul></div>"
+    )

@@ -23,13 +23,13 @@ from nbtrain.contract.formats import FORMAT_HELP
 from nbtrain.contract.objectives import OBJECTIVES, rewards_objectives
 from nbtrain.control import start
 from nbtrain.control.config.load import parse_source
-from nbtrain.control.config.preset import Preset, find_preset
+from nbtrain.control.config.preset import find_preset
 from nbtrain.control.prepare import check_config
 from nbtrain.control.prepare import validate as validate_config
 from nbtrain.control.runs.follow import FollowStopped, follow
 from nbtrain.control.runs.run import Run, get_run
-from nbtrain.ui.panel import saved
-from nbtrain.ui.panel.datapreview import PRE_STYLE, data_preview, preview_html, resolve_path, section_of
+from nbtrain.ui.panel import saved, yamlfile
+from nbtrain.ui.panel.datapreview import PRE_STYLE, data_preview, preview_html, preview_inputs
 from nbtrain.ui.panel.debounce import Debouncer
 from nbtrain.ui.panel.fields import (
     GROUPS,
@@ -51,7 +51,7 @@ from nbtrain.ui.panel.fields import (
 )
 from nbtrain.ui.panel.files import CANDIDATES_EVERY, data_candidates, model_candidates
 from nbtrain.ui.panel.plan import plan_html, plan_lines
-from nbtrain.ui.panel.style import CSS, ERROR_STYLE, FIELD_WIDTH, LABEL_WIDTH
+from nbtrain.ui.panel.style import CSS, ERROR_STYLE, FIELD_WIDTH, LABEL_WIDTH, preset_note_html
 
 if TYPE_CHECKING:
     from nbtrain.control.prepare import Prepared
@@ -136,15 +136,16 @@ class ConfigPanel:
             description="To cell", icon="clipboard", tooltip="insert a %%finetune cell with this config"
         )
         self.load_ref = widgets.Text(
-            placeholder="run id or name",
+            placeholder="run id or name, or a .yaml file",
             layout=widgets.Layout(flex="1 1 auto", width="auto", max_width="260px"),
         )
         self.load_button = widgets.Button(
             description="Load",
             icon="folder-open",
-            tooltip="fill the form with a run's config",
-            layout=widgets.Layout(flex="0 0 auto", width="84px"),
+            tooltip="fill the form with a run's config or a YAML file's",
+            layout=widgets.Layout(flex="0 0 auto", width=yamlfile.BUTTON_WIDTH),
         )
+        self.save_row = yamlfile.SaveRow(self.to_yaml, lambda: len(self.problems))
         self.live = widgets.VBox([])  # the launched run's dashboard
         self.export_area = widgets.VBox([])  # that run's export form (once it has weights), or a loaded run's
         self.export_box: ExportBox | None = None
@@ -236,10 +237,12 @@ class ConfigPanel:
         load = widgets.HBox([self.load_ref, self.load_button], layout=widgets.Layout(align_items="center"))
         side = widgets.VBox(
             [
-                widgets.HTML(_side_title("Start from a run", "fill the form with its config")),
+                widgets.HTML(_side_title("Start from a run or a file", "fill the form with its config")),
                 load,
                 widgets.HTML(_side_title("YAML", "what a %%finetune cell would hold")),
                 self.yaml_view,
+                widgets.HTML(_side_title("Save the form", "to a YAML file beside the notebook")),
+                self.save_row.widget,
                 widgets.HTML(_side_title("Data preview", "the first rows as the model sees them")),
                 self.preview,
             ],
@@ -517,7 +520,7 @@ class ConfigPanel:
             saved.save(self._cell, text)  # kept for this cell across a kernel restart
             self._saved = text
         problems, prep = check_config(text)
-        key = (_preview_inputs(cfg, base), self.preview_rows)
+        key = (preview_inputs(cfg, base), self.preview_rows)
         html_preview = None
         if key != self._preview_key:
             html_preview = preview_html(data_preview(cfg, base, self.preview_rows))
@@ -832,6 +835,14 @@ class ConfigPanel:
         ref = self.load_ref.value.strip()
         if not ref:
             raise NbtrainError("type a run id, id prefix or name next to Load")
+        if yamlfile.is_yaml_name(ref):
+            try:
+                self.set_config(Path(ref).expanduser())
+            except ConfigError as e:  # the form is left as it was
+                why = "; ".join(p.message for p in e.problems)
+                raise NbtrainError(f"{ref} was not loaded: {why}") from None
+            self._action(None, f"loaded the form from {ref}")
+            return
         run = get_run(ref)
         self.set_config(config_from_run(run.config))
         self._action(None, f"loaded the config of run {run.id}")
@@ -842,45 +853,10 @@ def _dump(cfg: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(cfg), sort_keys=False, allow_unicode=True, width=100)
 
 
-def _preview_inputs(cfg: Mapping[str, Any], base: Path) -> tuple[Any, ...]:
-    """What the preview depends on (including file times), so other edits do not re-read the data."""
-    data, train = section_of(cfg, "data"), section_of(cfg, "train")
-    stamps: list[Any] = []
-    for spec in (data.get("train"), cfg.get("model")):
-        if isinstance(spec, str) and spec.strip():
-            p = resolve_path(spec, base)
-            for q in (p, p / "chat_template.jinja", p / "tokenizer_config.json"):
-                try:
-                    stamps.append(q.stat().st_mtime_ns)
-                except OSError:
-                    stamps.append(None)
-    return (
-        base,
-        repr(data.get("train")),
-        repr(data.get("format")),
-        repr(cfg.get("model")),
-        bool(train.get("assistant_only_loss")),
-        tuple(stamps),
-    )
-
-
 def validate(text: str) -> list[Problem]:
     """What would stop ``text`` from launching (empty when Launch would start it): the one validation
     entry every surface uses, so the form shows exactly the messages Launch would raise."""
     return validate_config(text)
-
-
-def preset_note_html(preset: Preset | None) -> str:
-    """The panel's note on the lab preset in force: its file and rules."""
-    if preset is None:
-        return ""
-    rules = "".join(f"<li>{html.escape(r)}</li>" for r in preset.rules())
-    return (
-        f"<div class='nbtrain-preset' style='border-left:3px solid #6a1b9a;padding-left:8px'>"
-        f"&#128274; <b>Lab preset</b> <code>{html.escape(str(preset.source))}</code>: greyed fields are "
-        f"fixed by the course; a config outside these rules is refused."
-        f"<ul style='margin:2px 0'>{rules}</ul></div>"
-    )
 
 
 def panel(config: ConfigSource = None) -> ConfigPanel:

@@ -1,0 +1,166 @@
+"""A panel's form saved to, and loaded from, a YAML file the user names: the file a ``%%finetune`` cell, the
+``nbtrain`` command line or another notebook can use as it is.
+
+Saving writes the form's YAML (what the panel shows beside it) to a ``.yaml``/``.yml`` path, relative to the
+notebook's folder. An existing file is replaced only when asked again (the button says so); the folder must
+exist; a form holding anything that looks like a secret is not written (nbtrain writes no secret to disk);
+the file is written whole or not at all (a temporary file renamed over it). Loading goes through the one
+config reader (``parse_source``), so a file the panel loads is read exactly as ``%%finetune`` would read it.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from pathlib import Path
+
+import ipywidgets as widgets
+import yaml
+
+from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.rundir import atomic_write_text
+from nbtrain.control.config.problems import Problems
+from nbtrain.control.config.rules.secrets import HF_TOKEN_VALUE, SECRET_ADVICE, secret_problems
+
+SUFFIXES = (".yaml", ".yml")
+BUTTON_WIDTH = "100px"  # "Replace" with its icon fits
+
+
+def is_yaml_name(ref: str) -> bool:
+    """Whether what the user typed names a YAML file (rather than a run)."""
+    return ref.strip().lower().endswith(SUFFIXES)
+
+
+def _shown(p: Path, base: Path) -> str:
+    """``p`` as the user would type it: relative to the notebook's folder when it lies below it."""
+    try:
+        return str(p.relative_to(base))
+    except ValueError:
+        return str(p)
+
+
+def target(name: str, base: Path) -> Path:
+    """The file ``name`` (relative to ``base``) would be saved to. Raises NbtrainError naming the fix."""
+    name = name.strip()
+    if not name:
+        raise NbtrainError("type a file name next to Save, such as my-run.yaml")
+    if not is_yaml_name(name):
+        raise NbtrainError(f"{name!r} is not a YAML file name: end it with .yaml (for example {name}.yaml)")
+    p = Path(name).expanduser()
+    p = p if p.is_absolute() else base / p
+    if p.is_dir():
+        raise NbtrainError(f"{_shown(p, base)} is a folder: type a file name inside it")
+    if not p.parent.is_dir():
+        raise NbtrainError(
+            f"the folder {_shown(p.parent, base)} does not exist: create it first, "
+            "or save next to the notebook"
+        )
+    return p
+
+
+def secret_in(text: str) -> str | None:
+    """Why ``text`` must not be written (a token or key in it, as the config's own secret rule finds them),
+    or None."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raw = None
+    if not isinstance(raw, dict):
+        found = HF_TOKEN_VALUE.search(text)
+        return f"this value holds a Hugging Face token: {SECRET_ADVICE}" if found else None
+    probs = Problems(text)
+    secret_problems(raw, probs)
+    return probs.items[0].message if probs.items else None
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask sets it, for every thread at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def save(text: str, name: str, base: Path, *, replace: bool = False) -> Path:
+    """Write the form's YAML ``text`` to ``name``; returns the path written. Raises FileExistsError when the
+    file exists and ``replace`` is not set, NbtrainError when it cannot or must not be written."""
+    p = target(name, base)
+    why = secret_in(text)
+    if why is not None:
+        raise NbtrainError(f"not saved: {why}")
+    if p.exists() and not replace:
+        raise FileExistsError(str(p))
+    try:
+        mode = p.stat().st_mode & 0o777 if p.exists() else 0o666 & ~_umask()
+        atomic_write_text(p, text if text.endswith("\n") else text + "\n", mode=mode)
+    except OSError as e:
+        raise NbtrainError(f"could not write {_shown(p, base)}: {e.strerror or e}") from None
+    return p
+
+
+class SaveRow:
+    """The panel's Save row: a file name and a button that writes the form there, with what happened said
+    right below it. A name that exists turns the button into Replace (ask again); editing the name asks
+    again."""
+
+    def __init__(self, form: Callable[[], str], problems: Callable[[], int]) -> None:
+        self._form, self._problems = form, problems
+        self.name = widgets.Text(
+            placeholder="my-run.yaml", layout=widgets.Layout(flex="1 1 auto", width="auto", max_width="260px")
+        )
+        self.button = widgets.Button(
+            description="Save",
+            icon="save",
+            tooltip="write the form's YAML to this file (beside the notebook unless a folder is given)",
+            layout=widgets.Layout(flex="0 0 auto", width=BUTTON_WIDTH),
+        )
+        self.note = widgets.HTML("")
+        self.message = ""  # what the note says, as text
+        self.error = False
+        row = widgets.HBox([self.name, self.button], layout=widgets.Layout(align_items="center"))
+        self.widget = widgets.VBox([row, self.note])
+        self._replace: Path | None = None  # the existing file the next click replaces
+        self.name.observe(lambda _change: self._arm(None), names="value")
+        self.button.on_click(lambda _button: self.click())
+
+    def _arm(self, path: Path | None) -> None:
+        self._replace = path
+        self.button.description = "Replace" if path else "Save"
+        self.button.button_style = "warning" if path else ""
+
+    def _say(self, message: str, error: bool = False) -> None:
+        self.message, self.error = message, error
+        color = "#c62828" if error else "var(--jp-ui-font-color1, #424242)"
+        style = f"font-size:12px;line-height:1.35;color:{color}"
+        self.note.value = f"<div style='{style}'>{html.escape(message)}</div>"
+
+    def click(self) -> None:
+        """Save, saying what happened below the row (a widget's click has no cell to fail in)."""
+        try:
+            self.save()
+        except NbtrainError as e:
+            self._say(str(e), error=True)
+        except Exception as e:  # noqa: BLE001 - said below the row, not lost in the kernel's log
+            self._say(f"unexpected error: {type(e).__name__}: {e}", error=True)
+
+    def save(self) -> None:
+        name, base = self.name.value.strip(), Path.cwd()
+        path = target(name, base)
+        try:
+            save(self._form(), name, base, replace=path == self._replace)
+        except FileExistsError:
+            self._arm(path)
+            self._say(f"{name} exists: press Replace to write the form over it")
+            return
+        self._arm(None)
+        left = self._problems()
+        still = f" ({left} problem{'s' if left != 1 else ''} still marked in the form)" if left else ""
+        self._say(
+            f"saved to {name}{still}. Load reads it back; a %%finetune cell holding just its name runs it."
+        )
+
+
+__all__ = ["SUFFIXES", "SaveRow", "is_yaml_name", "save", "secret_in", "target"]
