@@ -7,6 +7,8 @@ import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
+import { TabPanel } from '@lumino/widgets';
 
 import { FinetuneCompletionProvider, highlightFinetuneCells } from './finetune';
 import { attachSource } from './logic';
@@ -16,6 +18,9 @@ import { OPEN_PAGE_EVENT } from './runview';
 import { RunsStatus } from './statusbar';
 import { RunsSidebar } from './sidebar';
 import { toCellPlugin } from './tocell';
+
+// the query parameter that asks Notebook 7's file browser page to show a run's page
+const PAGE_PARAM = 'nbtrain-run';
 
 const runsIcon = new LabIcon({
   name: 'nbtrain:runs',
@@ -100,16 +105,44 @@ const runsPlugin: JupyterFrontEndPlugin<void> = {
     };
 
     const pages = new Map<string, RunPage>();
+    // Jupyter Notebook 7's main area holds one widget a page. On its file browser page that is a tab panel
+    // (Files, Running): the run's page is a tab beside them. On its other pages (a notebook, an editor) the
+    // run's page opens in a browser tab of its own: the file browser page, asked to show it (PAGE_PARAM).
+    const notebook7 = app.name === 'Jupyter Notebook';
+    const treeTabs = (): TabPanel | null => {
+      const main = Array.from(app.shell.widgets('main'));
+      return main.length === 1 && main[0] instanceof TabPanel ? main[0] : null;
+    };
     const openPage = (runId: string, name: string): void => {
+      const tabs = notebook7 ? treeTabs() : null;
+      if (notebook7 && !tabs) {
+        const url = URLExt.join(PageConfig.getBaseUrl(), 'tree');
+        window.open(`${url}?${PAGE_PARAM}=${encodeURIComponent(runId)}`, '_blank');
+        return;
+      }
       let page = pages.get(runId);
       if (!page || page.isDisposed) {
         page = new RunPage(runId, name);
         pages.set(runId, page);
         page.disposed.connect(() => pages.delete(runId));
-        app.shell.add(page, 'main');
+        if (tabs) {
+          tabs.addWidget(page);
+        } else {
+          app.shell.add(page, 'main');
+        }
       }
-      app.shell.activateById(page.id);
+      if (tabs) {
+        tabs.currentWidget = page;
+      } else {
+        app.shell.activateById(page.id);
+      }
     };
+    if (notebook7) {
+      const asked = new URLSearchParams(window.location.search).get(PAGE_PARAM);
+      if (asked) {
+        void app.restored.then(() => openPage(asked, asked));
+      }
+    }
 
     // a notebook's run view (runview.ts) asks for the run's page
     document.addEventListener(OPEN_PAGE_EVENT, e => {

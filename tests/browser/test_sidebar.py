@@ -19,7 +19,7 @@ import pytest
 
 from nbtrain.contract.rundir import lock_run, write_status
 from nbtrain.hardware import probe
-from tests.browser.conftest import lab_page
+from tests.browser.conftest import lab_page, write_notebook
 from tests.conftest import ROOT
 from tests.ui.server.fakes import make_run
 
@@ -310,3 +310,54 @@ def test_a_runs_page_opens_from_its_card_with_no_notebook_open_and_follows_the_r
         expect(view.locator(".nbtrain-state")).to_have_text("completed", timeout=10_000)
         expect(view.locator(".nbtrain-stop")).to_be_hidden()
     assert not errors, errors
+
+
+def test_a_runs_page_opens_in_notebook_7_as_a_file_browser_tab_and_from_a_notebook_in_a_tab_of_its_own(
+    lab: tuple[str, str], tmp_path: Path, shots: Path
+) -> None:
+    """Jupyter Notebook 7 keeps one widget in a page's main area: on its file browser page the run's page is
+    a tab beside Files and Running; from a notebook's page, Page opens the file browser page showing the run
+    in a new browser tab. Both follow the run."""
+    from playwright.sync_api import expect
+
+    paths = make_run(
+        "20250105-000000-nb7page-abcd", name="nb7page", state="running", step=3, losses=(2.0, 1.5, 1.25)
+    )
+    write_notebook(tmp_path / "lab.ipynb", ["1 + 1"])
+
+    def show_sidebar(tab: Any) -> Any:
+        tab.locator(".lm-MenuBar-itemLabel", has_text="View").click(timeout=60_000)
+        tab.locator(".lm-Menu-item", has_text="Left Sidebar").click()
+        tab.locator(".lm-Menu-item", has_text="Show Training runs").click()
+        card = tab.locator('.nbtrain-run[data-run-id="20250105-000000-nb7page-abcd"]')
+        expect(card).to_be_visible(timeout=20_000)
+        return card
+
+    def follows(tab: Any, step: int) -> None:
+        view = tab.locator(".nbtrain-run-page")
+        expect(view.locator(".nbtrain-page-name")).to_have_text("nb7page", timeout=15_000)
+        expect(view.locator(".nbtrain-page-steps")).to_have_text(f"step {step}/10", timeout=10_000)
+        expect(view.locator('path[data-metric="loss"]')).to_have_count(1)
+        expect(tab.locator(".lm-TabBar-tab", has_text="nb7page")).to_be_visible()
+
+    with lab_page(lab, "tree", {"width": 1280, "height": 860}) as (_, page, errors):
+        show_sidebar(page).locator(".nbtrain-page").click()
+        follows(page, 3)
+        expect(page.locator(".lm-TabBar-tab", has_text="Files")).to_be_visible()  # beside, not instead
+        page.screenshot(path=str(shots / "notebook7-run-page.png"))
+        write_status(paths, "running", step=5, max_steps=10)
+        follows(page, 5)
+
+        page.goto(page.url.split("/tree")[0] + "/notebooks/lab.ipynb")
+        with page.expect_popup() as opened:
+            show_sidebar(page).locator(".nbtrain-page").click()
+        other = opened.value
+        other.on("pageerror", lambda e: errors.append(str(e)))
+        assert "/tree?nbtrain-run=20250105-000000-nb7page-abcd" in other.url
+        follows(other, 5)
+        expect(page.locator(".jp-Notebook")).to_be_visible()  # the notebook's page stays as it was
+        other.screenshot(path=str(shots / "notebook7-run-page-from-notebook.png"))
+    assert not [e for e in errors if e not in NOTEBOOK_OWN_ERRORS], errors
+    if os.environ.get("NBTRAIN_UPDATE_SCREENSHOTS"):
+        DOCS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shots / "notebook7-run-page.png", DOCS / "notebook7-run-page.png")
