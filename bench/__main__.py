@@ -185,7 +185,27 @@ def _serving(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _real(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """bench_real.py: SmolLM2-135M, the same LoRA job side by side; any subset of its systems."""
+    m, mfu, rows = d["median"], d["mfu"], []
+    speed = ", ".join(f"{s} {v['steady_steps_per_s']:.3f}" for s, v in m.items())
+    ratios = "; ".join(f"{'warm' if k.startswith('warm') else 'nbtrain'} / LLaMA-Factory {_x(d[k])}"
+                       for k in d if k.endswith("ratio_vs_llamafactory"))  # fmt: skip
+    if "steps_per_s_ratio_vs_bare_trl" in d:
+        ratios += f"; / bare TRL {_x(d['steps_per_s_ratio_vs_bare_trl'])}"
+    target = ">= 1.0x LLaMA-Factory, >= 0.98x bare TRL" if ratios else ""
+    rows.append(("real model SmolLM2-135M LoRA, steps/s (median step)",
+                 speed + (f" ({ratios})" if ratios else ""), target))  # fmt: skip
+    vs = ", ".join(f"{k.removesuffix('_vs_bare_peft').replace('mfu_ratio', 'MFU').replace('_', ' ')} "
+                   f"{_x(d[k])}" for k in d if k.endswith("_vs_bare_peft"))  # fmt: skip
+    each = ", ".join(f"{s} {v:.2f}" for s, v in mfu.items())
+    rows.append(("real model, FLOP utilisation vs the machine's matmul",
+                 f"{each}; / the bare peft loop: {vs}", ">= 1.0x the bare loop"))  # fmt: skip
+    return rows
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str]]]] = {
+    "real": _real, "real_pair": _real, "real_mfu": _real, "real_watched": _real,
     "overhead": _overhead, "llamafactory": _llamafactory, "latency": _latency, "estimator": _estimator,
     "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu, "gpu_run1": _gpu,
     "warm_jobs": _warm_jobs, "msswift": _msswift, "gguf": _gguf, "serving": _serving,
