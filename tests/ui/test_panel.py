@@ -710,7 +710,7 @@ def test_load_of_an_unknown_run_shows_the_error(make_panel: type[ConfigPanel]) -
     assert len(p.general_errors) == 1 and p.general_errors[0].startswith("no run matches 'no-such-run'")
     p.load_ref.value = ""
     p.load_button.click()
-    assert p.general_errors == ["type a run id, id prefix or name next to Load"]
+    assert p.general_errors == ["type a run id, id prefix or name, or a .yaml file, next to Load"]
 
 
 # ------------------------------------------------------------------------------------------ imports

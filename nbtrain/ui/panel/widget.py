@@ -834,7 +834,7 @@ class ConfigPanel:
     def _load(self) -> None:
         ref = self.load_ref.value.strip()
         if not ref:
-            raise NbtrainError("type a run id, id prefix or name next to Load")
+            raise NbtrainError("type a run id, id prefix or name, or a .yaml file, next to Load")
         if yamlfile.is_yaml_name(ref):
             try:
                 self.set_config(Path(ref).expanduser())
