@@ -4,10 +4,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 # Re-install when the dependency list or the tested versions change.
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
-# DeepSpeed compiles C++ ops on first use (60-120 s each); one cache per machine that tests and CI reuse.
-export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/nbtrain/torch_extensions
+# DeepSpeed compiles C++ ops on first use (60-120 s each) into a cache that tests and CI reuse: one per
+# checkout, since a build names its venv's sources and two checkouts sharing one folder rebuild each other's.
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/nbtrain/torch_extensions/$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test check lint typecheck pytest bench faults clean llamacpp slurm
+.PHONY: install demo test check lint typecheck pytest bench faults clean llamacpp slurm deepspeed-ops
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,8 +46,14 @@ llamacpp: install
 	@echo "llama.cpp setup started in the background (GGUF export; the tests that need it wait for it)"
 	@setsid nohup nice -n 19 $(PY) -m nbtrain.control.jobs.llamacpp setup > $(VENV)/llamacpp-setup.out 2>&1 &
 
+# DeepSpeed's CPU ops (tests/deepspeed_ops.py), built like llama.cpp: in the background at the lowest CPU
+# priority, once per checkout; the tests that use an op wait on torch's build lock for it.
+deepspeed-ops: install
+	@echo "DeepSpeed's CPU ops build started in the background (the tests that use them wait for them)"
+	@setsid nohup nice -n 19 $(PY) -m tests.deepspeed_ops > $(VENV)/deepspeed-ops.out 2>&1 &
+
 # chromium and SLURM first: on a machine where they cannot be installed, stop before minutes of setup.
-test: chromium slurm llamacpp lint typecheck pytest
+test: chromium slurm llamacpp deepspeed-ops lint typecheck pytest
 
 # The fast tier, to iterate with: lint, types and every test that starts no training process, drives no
 # browser and needs no GPU (make test runs them all).
