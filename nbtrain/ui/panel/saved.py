@@ -20,7 +20,7 @@ import yaml
 from nbtrain.contract.paths import home_dir
 from nbtrain.contract.rundir import atomic_write_text
 from nbtrain.control.config.problems import Problems
-from nbtrain.control.config.rules.secrets import HF_TOKEN_VALUE, secret_problems
+from nbtrain.control.config.rules.secrets import HF_TOKEN_VALUE, SECRET_ADVICE, secret_problems
 
 MAX_BYTES = 256 * 1024  # a form's YAML is a few hundred bytes; anything far past that is not kept
 _CELL_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -80,21 +80,35 @@ def is_empty(text: str) -> bool:
         return not text.strip()
 
 
+def _secret_of(raw: object, text: str) -> str | None:
+    """Why ``text`` (parsed: ``raw``; None when it is not YAML) must not be written, or None: the config's
+    own secret rule on a mapping, a Hugging Face token anywhere in anything else."""
+    if not isinstance(raw, dict):
+        found = HF_TOKEN_VALUE.search(text)
+        return f"this value holds a Hugging Face token: {SECRET_ADVICE}" if found else None
+    probs = Problems(text)
+    secret_problems(raw, probs)
+    return probs.items[0].message if probs.items else None
+
+
+def secret_in(text: str) -> str | None:
+    """Why ``text`` must not be written to disk (a token or a secret-named key in it), or None."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raw = None
+    return _secret_of(raw, text)
+
+
 def _keep(text: str) -> bool:
-    """Whether ``text`` is a form to keep: not empty, not too big, and no secret in it (parsed once; the
-    config's own secret rule decides)."""
+    """Whether ``text`` is a form to keep: not empty, not too big, and no secret in it (parsed once)."""
     if len(text.encode()) > MAX_BYTES:
         return False
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError:  # kept as typed, unless a token shows in it
-        return bool(text.strip()) and not HF_TOKEN_VALUE.search(text)
-    if _empty(raw):
-        return False
-    probs = Problems(text)
-    if isinstance(raw, dict):
-        secret_problems(raw, probs)
-    return not probs.items
+        return bool(text.strip()) and _secret_of(None, text) is None
+    return not _empty(raw) and _secret_of(raw, text) is None
 
 
 def save(key: tuple[str, str] | None, text: str) -> bool:
@@ -113,4 +127,4 @@ def save(key: tuple[str, str] | None, text: str) -> bool:
     return True
 
 
-__all__ = ["cell_key", "load", "path_of", "save"]
+__all__ = ["cell_key", "load", "path_of", "save", "secret_in"]

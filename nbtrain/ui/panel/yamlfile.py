@@ -15,12 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import ipywidgets as widgets
-import yaml
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import atomic_write_text
-from nbtrain.control.config.problems import Problems
-from nbtrain.control.config.rules.secrets import HF_TOKEN_VALUE, SECRET_ADVICE, secret_problems
+from nbtrain.ui.panel.saved import secret_in
 
 SUFFIXES = (".yaml", ".yml")
 BUTTON_WIDTH = "100px"  # "Replace" with its icon fits
@@ -58,21 +56,6 @@ def target(name: str, base: Path) -> Path:
     return p
 
 
-def secret_in(text: str) -> str | None:
-    """Why ``text`` must not be written (a token or key in it, as the config's own secret rule finds them),
-    or None."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raw = None
-    if not isinstance(raw, dict):
-        found = HF_TOKEN_VALUE.search(text)
-        return f"this value holds a Hugging Face token: {SECRET_ADVICE}" if found else None
-    probs = Problems(text)
-    secret_problems(raw, probs)
-    return probs.items[0].message if probs.items else None
-
-
 def _umask() -> int:
     """The process's umask, read without setting it (os.umask sets it, for every thread at once)."""
     try:
@@ -84,10 +67,10 @@ def _umask() -> int:
     return 0o022
 
 
-def save(text: str, name: str, base: Path, *, replace: bool = False) -> Path:
-    """Write the form's YAML ``text`` to ``name``; returns the path written. Raises FileExistsError when the
-    file exists and ``replace`` is not set, NbtrainError when it cannot or must not be written."""
-    p = target(name, base)
+def save(text: str, p: Path, base: Path, *, replace: bool = False) -> None:
+    """Write the form's YAML ``text`` to ``p`` (from ``target``; ``base``: the notebook's folder, to name it).
+    Raises FileExistsError when the file exists and ``replace`` is not set, NbtrainError when it cannot or
+    must not be written."""
     why = secret_in(text)
     if why is not None:
         raise NbtrainError(f"not saved: {why}")
@@ -98,7 +81,6 @@ def save(text: str, name: str, base: Path, *, replace: bool = False) -> Path:
         atomic_write_text(p, text if text.endswith("\n") else text + "\n", mode=mode)
     except OSError as e:
         raise NbtrainError(f"could not write {_shown(p, base)}: {e.strerror or e}") from None
-    return p
 
 
 class SaveRow:
@@ -150,7 +132,7 @@ class SaveRow:
         name, base = self.name.value.strip(), Path.cwd()
         path = target(name, base)
         try:
-            save(self._form(), name, base, replace=path == self._replace)
+            save(self._form(), path, base, replace=path == self._replace)
         except FileExistsError:
             self._arm(path)
             self._say(f"{name} exists: press Replace to write the form over it")
