@@ -108,7 +108,7 @@ def test_adapter_only_export_copies_the_adapter_and_loads_with_peft(tuned_run: P
     assert torch.allclose(logits(loaded, tok), logits(tuned, tok), atol=1e-5)
 
 
-def test_overwrite_replaces_the_target_and_a_failed_export_leaves_it_as_it_was(
+def test_overwrite_replaces_an_earlier_export_and_a_failed_export_leaves_the_target_as_it_was(
     tuned_run: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "out"
@@ -119,16 +119,25 @@ def test_overwrite_replaces_the_target_and_a_failed_export_leaves_it_as_it_was(
     assert "not empty" in json.loads(result.read_text())["error"]
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
 
-    # A run without trained weights fails inside the worker: the target is untouched, no partial dir left.
-    empty = tmp_path / "run-without-weights"
+    # Overwrite replaces only what an earlier export wrote: the user's file stays, and so does the folder.
+    assert worker.main([str(tuned_run), "--to", str(target), "--no-merge", "--overwrite", "--result",
+                        str(result)]) == 2  # fmt: skip
+    assert "nothing was deleted" in json.loads(result.read_text())["error"]
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+    (target / "keep.txt").unlink()
+    assert worker.main([str(tuned_run), "--to", str(target), "--no-merge"]) == 0
+    exported = {p.name: p.read_bytes() for p in target.iterdir()}
+
+    # A run without trained weights fails inside the worker: the earlier export is untouched, no partial dir.
+    empty = tmp_path / "runs" / "run-without-weights"
     shutil.copytree(tuned_run, empty, ignore=shutil.ignore_patterns("output", "checkpoints"))
     assert worker.main([str(empty), "--to", str(target), "--overwrite", "--result", str(result)]) == 1
     assert "no trained weights" in json.loads(result.read_text())["error"]
-    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == exported
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
     assert worker.main([str(tuned_run), "--to", str(target), "--no-merge", "--overwrite"]) == 0
-    assert not (target / "keep.txt").exists() and (target / "adapter_model.safetensors").exists()
+    assert (target / "adapter_model.safetensors").exists()
 
 
 def test_leftovers_of_killed_exports_are_cleared_and_a_target_moved_aside_is_put_back(

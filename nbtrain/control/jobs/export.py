@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.exports import protected_dirs, target_problem
+from nbtrain.contract.paths import home_dir
 from nbtrain.control.launch.process import run_job
 from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 
@@ -160,6 +162,14 @@ def family_problem(config: dict[str, Any], convertible: set[str]) -> str | None:
     return None
 
 
+def _registered_runs() -> list[Path]:
+    """Every registered run's directory that is one (a row pointing elsewhere protects nothing)."""
+    from nbtrain.contract.rundir import RunPaths
+    from nbtrain.control.runs import registry
+
+    return [p for row in registry.rows() if RunPaths(p := Path(row.run_dir)).resolved.is_file()]
+
+
 def run_method(run: Run) -> str:
     from nbtrain.contract.rundir import read_json
 
@@ -227,12 +237,8 @@ def export(
     if dtype not in DTYPES:
         problems.append(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     target = Path(to).expanduser().resolve()
-    if target.exists() and not target.is_dir():
-        problems.append(f"{target} is a file; give a directory path to export to")
-    elif target.is_dir() and any(target.iterdir()) and not overwrite:
-        problems.append(
-            f"{target} is not empty; give a new directory, or overwrite=True (--overwrite) to replace it"
-        )
+    if why := target_problem(target, overwrite, protected_dirs(r.dir, home_dir(), _registered_runs())):
+        problems.append(why)
     if push_to_hub is not None and not _REPO_ID.match(push_to_hub):
         problems.append(f"push_to_hub {push_to_hub!r} is not a hub repo id such as 'user/my-model'")
     quants = _quants(quant)

@@ -30,12 +30,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from nbtrain.contract.exports import PROVENANCE, protected_dirs, target_problem, written_files
+from nbtrain.contract.paths import home_dir
 from nbtrain.contract.rundir import RunPaths, atomic_write_json, read_json
 from nbtrain.worker.gguf import use_converted
 from nbtrain.worker.lean import hide_for_run
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
-PROVENANCE = "nbtrain_export.json"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -197,19 +198,10 @@ def write_export(
             "transformers": transformers.__version__,
         },
     }
+    # What this export wrote: a later export with overwrite replaces this folder only while it holds no more.
+    record["files"] = [*written_files(target), PROVENANCE]
     (target / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record
-
-
-def target_problem(target: Path, overwrite: bool) -> str | None:
-    if target.exists() and not target.is_dir():
-        return f"{target} exists and is a file; give a directory path for the export"
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
-        return (
-            f"{target} is not empty; give a new directory, or overwrite=True (--overwrite) to replace "
-            f"what is there"
-        )
-    return None
 
 
 def _leftovers(target: Path, kind: str) -> list[Path]:
@@ -242,8 +234,12 @@ def clear_leftovers(target: Path) -> list[str]:
     return done
 
 
-def publish(partial: Path, target: Path) -> None:
-    """Rename the finished ``partial`` to ``target``; an existing ``target`` is replaced only now."""
+def publish(partial: Path, target: Path, run_dir: Path) -> None:
+    """Rename the finished ``partial`` to ``target``; an existing ``target`` is replaced only now, after
+    the target rule is checked once more (what is there may have changed while the export was written)."""
+    problem = target_problem(target, True, protected_dirs(run_dir, home_dir()))
+    if problem:
+        raise RuntimeError(problem)
     old = None
     if target.exists():
         old = target.parent / f".{target.name}.old-{os.getpid()}"
@@ -281,7 +277,7 @@ def main(argv: list[str] | None = None, *, lean: bool = False) -> int:
     if target.parent.is_dir():
         for line in clear_leftovers(target):
             print(f"nbtrain export: {line}", flush=True)
-    problem = target_problem(target, args.overwrite)
+    problem = target_problem(target, args.overwrite, protected_dirs(run_dir, home_dir()))
     if problem:
         result["error"] = problem
         print(f"nbtrain export: {problem}", file=sys.stderr, flush=True)
@@ -295,7 +291,7 @@ def main(argv: list[str] | None = None, *, lean: bool = False) -> int:
         prompts = json.loads(args.prompts) if args.prompts else None
         record = write_export(run_dir, partial, merge=args.merge, dtype_name=args.dtype, fmt=args.format,
                               quants=quants, final=target, prompts=prompts)  # fmt: skip
-        publish(partial, target)
+        publish(partial, target, run_dir)
     except BaseException as e:  # noqa: BLE001 - reported to the caller; the partial directory goes
         shutil.rmtree(partial, ignore_errors=True)
         traceback.print_exc()
