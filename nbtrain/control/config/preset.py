@@ -20,6 +20,8 @@
     max_gpus: 1                             # per run: slurm gpus_per_node x nodes
     max_time: "01:00:00"                    # per run: its slurm time limit (SLURM's formats)
     max_runs_at_once: 1                     # a student's runs queued or running on the cluster at once
+    sbatch_allowed: [gres]                  # sbatch options slurm: extra: may set though they bear on the
+                                            # rules above (none unless listed)
 
 Every rule is optional. A config outside a rule is refused by ``nbtrain.prepare`` (so by ``%%finetune``,
 the CLI and the panel) before anything is written, with one ConfigError listing every violation: the
@@ -38,6 +40,13 @@ student leaves the course on purpose (``leave_course``); an instructor who drops
 ``slurm:`` routes every run of the course to SLURM: a config without ``distributed: slurm:`` gets these
 settings, and one that names another partition, account or QOS is refused (its time, GPUs and the rest it
 may set within the caps). Students see their place in the queue in the cell, the list and the sidebar.
+``slurm: extra:`` lines are read as sbatch reads them (control/launch/sbatch.py: every spelling, short and
+long, abbreviated, several options on one line): under these rules they may not set what the preset fixes
+or caps (partition, account, QOS, another cluster, time, or GPUs, nodes, tasks, whole nodes, job arrays
+under max_gpus) unless ``sbatch_allowed`` lists the option; a value equal to the fixed one, or a time
+within the cap, is no escape and passes. ``max_time`` caps a run's whole time on the cluster: with
+``requeue: auto`` each requeue is another job of ``time``, so time x (1 + max_requeues) stays within it
+(a config that leaves max_requeues out gets as many as fit).
 
 A preset is a guard rail for a course, not a sandbox: it shapes what the notebook surfaces start; a
 student who writes their own training loop is outside it.
@@ -60,14 +69,15 @@ from nbtrain.contract.hooks import KEYS as hook_keys
 from nbtrain.contract.paths import home_dir
 from nbtrain.contract.rundir import atomic_write_json
 from nbtrain.control.config.choices import AvailableObjective, Method, Strategy
+from nbtrain.control.config.slurmrules import Items, fill_requeues, slurm_problems, slurm_seconds
 from nbtrain.control.config.yamlsafe import MAX_BYTES, YamlProblem, load_yaml
+from nbtrain.control.launch import sbatch
 
 PRESET_FILE = "nbtrain.lab.yaml"
 PRESET_ENV = "NBTRAIN_PRESET"
 # data: keys a preset may fix (those of DataSettings that name what is trained on, not how it is read)
 DATA_KEYS = ("train", "eval", "format", "eval_split", "max_samples", "columns")
 _PATH_KEYS = ("train", "eval", "path")  # whose string values are paths (or hub ids) in data:
-Items = list[tuple[tuple[str | int, ...], str]]  # (key path, message), as config.problems_error takes
 
 
 # The caps a preset can set, as its rules list them: (field, what the number counts).
@@ -103,6 +113,9 @@ class Preset(BaseModel):
     max_gpus: int | None = Field(None, gt=0)  # per run, on the cluster: gpus_per_node x nodes
     max_time: str | None = None  # per run, on the cluster: its time limit, in SLURM's formats
     max_runs_at_once: int | None = Field(None, gt=0)  # a student's runs queued or running on the cluster
+    # sbatch options (long names) slurm: extra: may set though they bear on the rules above: none unless
+    # listed, as sbatch takes an extra line's value over the preset's own lines
+    sbatch_allowed: list[str] = Field(default_factory=list)
     # hooks: keys a config may use: each runs notebook code inside training, where it can change what a
     # course grades (the loss, the logged metrics, the rows), so none is allowed unless listed here
     hooks: list[str] = Field(default_factory=list)
@@ -143,6 +156,17 @@ class Preset(BaseModel):
                 f"hooks: lists the hooks: keys allowed ({', '.join(hook_keys)}); not {', '.join(unknown)}"
             )
         return v
+
+    @field_validator("sbatch_allowed")
+    @classmethod
+    def _sbatch_allowed_ok(cls, v: list[str]) -> list[str]:
+        unknown = [k for k in v if k not in sbatch.OPTIONS]
+        if unknown:
+            raise ValueError(
+                f"sbatch_allowed lists sbatch options by their long name without dashes (gres, nodes, "
+                f"exclusive, ...); not {', '.join(map(repr, unknown))}"
+            )
+        return [sbatch.ALIASES.get(k, k) for k in v]
 
     @field_validator("max_time")
     @classmethod
@@ -206,6 +230,8 @@ class Preset(BaseModel):
                           ("max_runs_at_once", "runs on the cluster at once")):  # fmt: skip
             if getattr(self, key) is not None:
                 out.append(f"{key}: at most {getattr(self, key)} {what}")
+        if self.sbatch_allowed:
+            out.append(f"sbatch_allowed: {', '.join(self.sbatch_allowed)} (in slurm: extra)")
         for k, v in (self.data or {}).items():
             out.append(f"data.{k}: {v} (fixed)")
         out.append(f"trust_remote_code: {'allowed' if self.trust_remote_code else 'not allowed'}")
@@ -219,7 +245,7 @@ class Preset(BaseModel):
         out = dict(raw)
         for preset in self.chain():
             out = preset._fill_one(out)
-        return out
+        return fill_requeues(self, out)
 
     def _fill_one(self, raw: Mapping[Any, Any]) -> dict[Any, Any]:
         out = dict(raw)
@@ -308,7 +334,7 @@ class Preset(BaseModel):
         items += self._remote_code_problems(raw, train)
         items += self._hooks_problems(raw.get("hooks"))
         items += self._distributed_problems(dist)
-        items += self._slurm_problems(dist)
+        items += slurm_problems(self, dist)
         seed = train.get("seed")
         if self.seed is not None and "seed" in train and seed != self.seed:
             items.append(
@@ -403,38 +429,6 @@ class Preset(BaseModel):
             )
         return items
 
-    def _slurm_problems(self, dist: Any) -> Items:
-        """The course's cluster: its partition, account and QOS fixed; GPUs and time per run capped."""
-        dist = dist if isinstance(dist, Mapping) else {}
-        slurm = dist.get("slurm") if isinstance(dist.get("slurm"), Mapping) else {}
-        where = self.where
-        items: Items = []
-        if self.slurm is not None and dist.get("hostfile") is not None:
-            msg = f"{where} runs every run on SLURM (rule 'slurm'); leave hostfile out"
-            items.append((("distributed", "hostfile"), msg))
-        for key in ("partition", "account", "qos"):
-            fixed = (self.slurm or {}).get(key)
-            if fixed is not None and slurm.get(key, fixed) != fixed:
-                msg = (
-                    f"slurm {key} {slurm[key]!r} differs from the one {where} fixes (rule 'slurm'); "
-                    f"allowed: {fixed!r} (or leave it out)"
-                )
-                items.append((("distributed", "slurm", key), msg))
-        nodes, gpus = dist.get("nodes", 1), slurm.get("gpus_per_node")
-        counted = isinstance(gpus, int) and isinstance(nodes, int)
-        if self.max_gpus is not None and counted and gpus * nodes > self.max_gpus:
-            msg = (
-                f"{gpus * nodes} GPUs (gpus_per_node {gpus} x {nodes} node(s)) are over the cap of "
-                f"{where} (rule 'max_gpus'); allowed: 1 to {self.max_gpus}"
-            )
-            items.append((("distributed", "slurm", "gpus_per_node"), msg))
-        time_ = str(slurm.get("time", "04:00:00"))
-        limit, cap = slurm_seconds(time_), slurm_seconds(self.max_time) if self.max_time else None
-        if slurm and cap is not None and limit is not None and limit > cap:
-            msg = f"time {time_} is over the cap of {where} (rule 'max_time'); allowed: up to {self.max_time}"
-            items.append((("distributed", "slurm", "time"), msg))
-        return items
-
     def model_allowed(self, model: str, base: Path) -> bool:
         """``model`` matches one of the ``models`` globs, part by part (``*`` never crosses a ``/``): a
         Hub-id pattern against the model as written (``.`` and ``..`` normalised away), a path pattern
@@ -524,23 +518,6 @@ def _norm(value: Any, base: Path, key: str = "") -> Any:
 
 def _problem(path: Path, message: str) -> ConfigError:
     return ConfigError([Problem("", f"lab preset {path}: {message}")])
-
-
-def slurm_seconds(text: str) -> int | None:
-    """A SLURM time ("30", "30:00", "1:30:00", "2-12", "2-12:30", "2-12:30:00") in seconds; None if not."""
-    import re
-
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
-    if m is None:
-        return None
-    days, a, b, c = (int(x) if x else None for x in m.groups())
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        return days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
-    if c is not None:  # H:M:S
-        return (a or 0) * 3600 + (b or 0) * 60 + c
-    if b is not None:  # M:S
-        return (a or 0) * 60 + b
-    return (a or 0) * 60  # M
 
 
 def load_preset(path: str | Path) -> Preset:

@@ -21,6 +21,7 @@ from nbtrain.contract.errors import ConfigError, Problem
 from nbtrain.control import memory
 from nbtrain.control.config.choices import ZERO_STAGES
 from nbtrain.control.config.schema import Resolved
+from nbtrain.control.launch import sbatch
 from nbtrain.control.plan.facts import model_config
 from nbtrain.control.plan.planner import Plan, fsdp_settings
 
@@ -260,17 +261,21 @@ def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any], *, allocation
     checkpoint (``resume-in-job``), so a run longer than its time limit is one run with one curve.
 
     ``allocation``: the script runs with ``bash`` inside an allocation the notebook already has (salloc,
-    batchspawner): srun uses its nodes, and the allocation is never requeued."""
+    batchspawner): srun uses its nodes, and the allocation is never requeued.
+
+    Paths go into ``#SBATCH`` lines quoted as sbatch reads them (a space or ``#`` in the runs root splits
+    nothing, a ``%`` stays a ``%``) and into the commands quoted for bash; a runs root no #SBATCH line can
+    carry (a line break, or a backslash SLURM drops from an output path) raises ``sbatch.Unwritable``."""
     run = shlex.quote(str(run_dir))
     py = shlex.quote(sys.executable)
     requeue = slurm.get("requeue", "auto") == "auto" and not allocation
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=nbtrain-{run_dir.name}",
+        f"#SBATCH --job-name={sbatch.value(f'nbtrain-{run_dir.name}')}",
         f"#SBATCH --nodes={plan.nodes}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --time={slurm.get('time', '04:00:00')}",
-        f"#SBATCH --output={run_dir / 'logs' / 'slurm-%j.log'}",
+        f"#SBATCH --time={sbatch.value(str(slurm.get('time', '04:00:00')))}",
+        f"#SBATCH --output={sbatch.output_path(str(run_dir / 'logs' / 'slurm-'), '%j.log')}",
         "#SBATCH --open-mode=append",  # a requeued job's output goes on in the same log
         "#SBATCH --requeue" if requeue else "#SBATCH --no-requeue",
     ]
@@ -278,7 +283,7 @@ def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any], *, allocation
                      ("constraint", "constraint"), ("mem", "mem"), ("gpus_per_node", "gpus-per-node"),
                      ("cpus_per_task", "cpus-per-task")):  # fmt: skip
         if slurm.get(key):
-            lines.append(f"#SBATCH --{opt}={slurm[key]}")
+            lines.append(f"#SBATCH --{opt}={sbatch.value(str(slurm[key]))}")
     if slurm.get("exclusive"):
         lines.append("#SBATCH --exclusive")
     lines += [f"#SBATCH {x}" for x in slurm.get("extra", [])]
