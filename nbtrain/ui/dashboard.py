@@ -247,15 +247,17 @@ class Dashboard:
         specs = trace_specs(frame)
         new = [s for s in specs if s.key not in self._index]
         if new:
-            # adding traces cannot happen inside batch_update; they arrive with their data anyway
+            # Adding traces cannot happen inside batch_update, and plotly sends each as a message of its
+            # own: they are added empty and hidden, and get their data in the one update below with every
+            # other trace's, so a view never draws one panel a poll ahead of another (an evaluation's
+            # point before the loss reached its step).
             first = len(fig.data)
-            add_traces(fig, frame, new)
+            add_traces(fig, frame, new, empty=True)
             for i, spec in enumerate(new):
                 self._index[spec.key] = first + i
-                self._versions[spec.key] = spec.version(frame)
         added = {s.key for s in new}
         changed: list[TraceSpec] = [
-            s for s in specs if s.key not in added and s.version(frame) != self._versions[s.key]
+            s for s in specs if s.key in added or s.version(frame) != self._versions[s.key]
         ]
         # the title (elapsed, ETA), the progress bar, the message before the first step
         p = progress(self.tail, st, clk=frame.clock)
@@ -272,6 +274,8 @@ class Dashboard:
                         trace.mode = mode
                     if "customdata" in d:
                         trace.customdata = d["customdata"]
+                    if spec.key in added and spec.visible:
+                        trace.visible = True  # the panel's own controls decide it from now on
                     self._versions[spec.key] = spec.version(frame)
                 if look_changed:
                     apply_chrome(fig, look)

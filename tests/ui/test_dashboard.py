@@ -31,6 +31,36 @@ def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT) -> None:
         time.sleep(0.01)
 
 
+def wait_until(get: Callable[[], Any], expected: Any, timeout: float = TIMEOUT) -> None:
+    """Wait until ``get()`` is ``expected``: the whole state a test asserts, read together. The thread sets a
+    figure's traces and layout one property at a time (plotly applies an update so in Python, and sends it
+    to the views as one message), so a reader on another thread can see one part set before the next."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = get()
+        except (AssertionError, StopIteration):  # no figure, or not that trace, yet
+            got = None
+        if got == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert got == expected
+
+
+def figure(dash: Dashboard) -> Any:
+    assert dash.fig is not None
+    return dash.fig
+
+
+def curves(dash: Dashboard, *names: str) -> dict[str, tuple[list[float], list[float]]]:
+    """The drawn (x, y) of these metrics' traces."""
+    return {n: (list(trace(dash, n).x), list(trace(dash, n).y)) for n in names}
+
+
+def _points(rows: list[dict[str, Any]], *names: str) -> dict[str, tuple[list[float], list[float]]]:
+    return {n: ([r["step"] for r in rows], [r[n] for r in rows]) for n in names}
+
+
 def trace(dash: Dashboard, name: str, kind: str = "metric") -> Any:
     """The widget's trace of metric ``name`` (found by its key, as tools would)."""
     assert dash.fig is not None
@@ -91,21 +121,75 @@ def dash(files: RunFiles) -> Iterator[Dashboard]:
 def test_thread_updates_the_figure_widget_as_lines_are_appended(files: RunFiles, dash: Dashboard) -> None:
     first = files.steps(1, 6)
     dash.start()
-    wait_for(lambda: dash.fig is not None and len(trace(dash, "loss").x) == 5)
-    assert list(trace(dash, "loss").y) == [r["loss"] for r in first]
+    wait_for(lambda: dash.fig is not None, timeout=60)  # a process's first figure loads plotly's validators
+    wait_until(lambda: curves(dash, "loss", "lr"), _points(first, "loss", "lr"))
     more = files.steps(6, 11)
-    wait_for(lambda: len(trace(dash, "loss").x) == 10)
-    assert list(trace(dash, "loss").y) == [r["loss"] for r in first + more]
-    assert list(trace(dash, "lr").y) == [r["lr"] for r in first + more]
+    wait_until(lambda: curves(dash, "loss", "lr"), _points(first + more, "loss", "lr"))
     # series that appear later get traces of their own
     files.sample(0, 11.0, gpu_mem_peak=2.0 * 2**30)
     files.step(11, eval_loss=1.25)
-    wait_for(lambda: dash.fig is not None and any(t.name == "eval loss" for t in dash.fig.data))
-    assert list(trace(dash, "eval_loss").y) == [1.25]
-    wait_for(lambda: dash.fig is not None and any(t.name == "GPU peak" for t in dash.fig.data))
-    wait_for(lambda: "step 11/40" in title(dash))
-    assert bar(dash).x1 == pytest.approx(11 / 40)
+    wait_until(lambda: curves(dash, "eval_loss")["eval_loss"], ([11], [1.25]))
+    peak = ("memory", "0", "gpu_mem_peak")
+    wait_until(lambda: [(t.name, t.visible, len(t.x)) for t in figure(dash).data if tuple(t.meta) == peak],
+               [("GPU peak", True, 1)])  # fmt: skip
+    wait_until(lambda: ("step 11/40" in title(dash), round(bar(dash).x1, 9)), (True, round(11 / 40, 9)))
     assert dash.error is None
+
+
+class ViewReplica:
+    """What a browser view of a FigureWidget draws: the widget's state when the view is made, then each
+    message plotly sends it (addTraces, and restyle / update as one Plotly call), applied as plotly.js
+    applies them. ``seen`` is the view's traces after every message, by key."""
+
+    def __init__(self, fig: Any) -> None:
+        self.traces = [dict(t) for t in fig._widget_data]
+        self.seen: list[dict[tuple[str, ...], dict[str, Any]]] = []
+        fig.observe(self._message, names=["_py2js_addTraces", "_py2js_restyle", "_py2js_update"])
+
+    def _message(self, change: dict[str, Any]) -> None:
+        msg = change["new"]
+        if msg is None:  # plotly sets the message, then None
+            return
+        if change["name"] == "_py2js_addTraces":
+            self.traces += [dict(t) for t in msg["trace_data"]]
+        else:
+            style = msg["restyle_data"] if "restyle_data" in msg else msg["style_data"]
+            indexes = msg["restyle_traces"] if "restyle_data" in msg else msg["style_traces"]
+            for key, value in (style or {}).items():
+                for i, index in enumerate(indexes):
+                    self.traces[index][key] = value[i % len(value)] if isinstance(value, list) else value
+        self.seen.append({tuple(t["meta"]): dict(t) for t in self.traces})
+
+
+def _drawn_steps(trace: dict[str, Any]) -> list[float]:
+    return [] if trace.get("visible", True) is False else [float(x) for x in trace.get("x", [])]
+
+
+def test_a_view_draws_each_poll_whole_never_one_panel_ahead_of_another(
+    files: RunFiles, dash: Dashboard
+) -> None:
+    files.steps(1, 4)
+    dash.refresh()
+    assert dash.fig is not None
+    view = ViewReplica(dash.fig)
+    # one poll brings more steps to every panel and the first evaluation, whose trace is new
+    files.steps(4, 8)
+    files.step(8, eval_loss=1.25)
+    dash.refresh()
+    assert view.seen, "the view got no message"
+    for traces in view.seen:
+        loss = _drawn_steps(traces[("metric", "loss")])
+        for key, trace in traces.items():
+            steps = _drawn_steps(trace)
+            if key[0] == "metric" and key[1] != "eval_loss":
+                assert steps == loss, f"{key} draws steps {steps}, the loss {loss}"
+            elif key == ("metric", "eval_loss") and steps:
+                assert max(steps) <= max(loss), f"the eval loss at step {max(steps)}, the loss at {max(loss)}"
+    last = view.seen[-1]
+    assert _drawn_steps(last[("metric", "loss")]) == list(range(1, 9))
+    assert _drawn_steps(last[("metric", "eval_loss")]) == [8.0] and list(
+        last[("metric", "eval_loss")]["y"]
+    ) == [1.25]
 
 
 def test_a_metric_of_the_notebooks_compute_metrics_gets_its_panel_when_it_first_appears(
@@ -167,9 +251,11 @@ def test_before_the_first_step_the_widget_shows_the_phase_then_the_charts(
     assert "starting" in title(dash) and "loading model" in title(dash)
     files.status("running", step=2, max_steps=40)
     files.steps(1, 3)
-    wait_for(lambda: len(trace(dash, "loss").x) == 2)
-    wait_for(lambda: not any(a.name == "phase" for a in dash.fig.layout.annotations))
-    assert dash.fig.layout.xaxis.visible is True and "step 2/40" in title(dash)
+    wait_until(
+        lambda: (len(trace(dash, "loss").x), any(a.name == "phase" for a in figure(dash).layout.annotations),
+                 figure(dash).layout.xaxis.visible, "step 2/40" in title(dash)),
+        (2, False, True, True),
+    )  # fmt: skip
 
 
 def test_the_live_figure_and_the_static_one_it_turns_into_have_one_size(
@@ -194,6 +280,7 @@ def test_no_update_is_sent_while_nothing_changes(files: RunFiles, dash: Dashboar
     files.steps(1, 4)
     dash.start()
     wait_for(lambda: dash.fig is not None and len(trace(dash, "loss").x) == 3)
+    dash.refresh()  # waits for the thread's poll that drew them to count its update; itself sees nothing new
     updates = dash.updates
     time.sleep(0.3)  # ~15 polls
     assert dash.updates == updates

@@ -255,8 +255,10 @@ class TraceSpec:
         """A line of one point draws nothing: until a second point comes, the point is a marker."""
         return "lines+markers" if self.markers or points == 1 else "lines"
 
-    def trace(self, frame: Frame) -> go.Scatter:
-        d = self.data(frame)
+    def trace(self, frame: Frame, *, empty: bool = False) -> go.Scatter:
+        """The trace of ``frame``; ``empty``: without data and hidden, for a live figure to fill in with
+        its other traces' update (plotly sends each trace it adds as a message of its own)."""
+        d: Trace = {"x": _EMPTY, "y": _EMPTY} if empty else self.data(frame)
         return go.Scatter(
             x=d["x"],
             y=d["y"],
@@ -266,7 +268,7 @@ class TraceSpec:
             line={"color": self.color, "dash": self.dash, "width": self.width},
             marker={"size": 7, "color": self.color},
             opacity=self.opacity,
-            visible=self.visible,
+            visible=False if empty else self.visible,
             showlegend=self.showlegend,
             legend=LEGENDS.get(self.panel, "legend"),
             legendgroup=self.legendgroup,
@@ -769,11 +771,11 @@ def apply_chrome(fig: go.Figure, look: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------------------- figures
-def add_traces(fig: go.Figure, frame: Frame, specs: Sequence[TraceSpec]) -> None:
+def add_traces(fig: go.Figure, frame: Frame, specs: Sequence[TraceSpec], *, empty: bool = False) -> None:
     grid = panel_grid(frame.extra)
     for spec in specs:
         row, col = grid[spec.panel]
-        fig.add_trace(spec.trace(frame), row=row, col=col)
+        fig.add_trace(spec.trace(frame, empty=empty), row=row, col=col)
 
 
 def build_figure(
