@@ -56,9 +56,11 @@ deepspeed-ops: install
 test: chromium slurm llamacpp deepspeed-ops lint typecheck pytest
 
 # The fast tier, to iterate with: lint, types and every test that starts no training process, drives no
-# browser and needs no GPU (make test runs them all).
+# browser and needs no GPU (make test runs them all). It runs as on a fresh clone whatever the background
+# builds have reached (tests/fresh_builds.py): llama.cpp not set up, in a cache of its own that it never is.
 check: lint typecheck
-	$(PY) -m pytest -q -x -m "not slow and not browser and not gpu"
+	NBTRAIN_CACHE_DIR="$(CURDIR)/$(VENV)/check-cache" $(PY) -m pytest -q -x -p tests.fresh_builds \
+		-m "not slow and not browser and not gpu"
 
 bench: install
 	$(PY) -m bench

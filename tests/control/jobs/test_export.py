@@ -77,13 +77,25 @@ def test_a_gguf_export_to_unknown_types_is_refused_before_it_starts(run_copy: Pa
     assert not (tmp_path / "x").exists() and not (run_copy / "logs" / "export.log").exists()
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["nothing-set-up", "converter-kept-package-building"])
 def test_a_gguf_export_without_llama_cpp_set_up_says_how_to_set_it_up(
-    run_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    run_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: bool
 ) -> None:
-    monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path / "empty-cache"))  # no converter kept there
-    with pytest.raises(NbtrainError, match=r"GGUF export needs llama.cpp's converter .*nbtrain gguf-setup"):
+    # The two states a machine is in before `make test`'s background setup ends (a fresh one; the
+    # converter kept while pip still builds the package), made here whatever this machine has built.
+    from nbtrain.contract.gguf import CONVERTED, llama_cpp_dir
+
+    monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # not importable, and find_spec finds none
+    if kept:
+        llama_cpp_dir().mkdir(parents=True)
+        (llama_cpp_dir() / CONVERTED).write_text("llama_cpp_python.tar.gz\n")
+    with pytest.raises(NbtrainError) as err:
         nbtrain.export(run_copy, to=tmp_path / "x", format="gguf")
-    assert not (run_copy / "logs" / "export.log").exists()
+    msg = str(err.value)
+    assert msg.startswith("not exported: GGUF export needs llama-cpp-python (llama.cpp; built from source")
+    assert ("llama.cpp's converter" in msg) is not kept and "run `nbtrain gguf-setup`" in msg
+    assert not (tmp_path / "x").exists() and not (run_copy / "logs" / "export.log").exists()
 
 
 def test_families_the_converter_does_not_take_and_vision_models_are_named_with_the_reason() -> None:
@@ -99,9 +111,10 @@ def test_families_the_converter_does_not_take_and_vision_models_are_named_with_t
 
 def test_the_kept_converter_lists_the_families_it_converts() -> None:
     from nbtrain.control.jobs import llamacpp
+    from tests.worker.test_export_gguf import llama_cpp_ready
 
-    if not llamacpp.kept():
-        pytest.skip(llamacpp.missing() or "")
+    if not llamacpp.kept():  # waits for the setup under make test (NBTRAIN_REQUIRE_LLAMACPP), else skips
+        llama_cpp_ready()
     text, projectors = llamacpp.architectures()
     assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"} <= text and len(text) > 100
     assert projectors  # vision projectors are a list of their own
