@@ -110,15 +110,19 @@ class RunPaths:
                 continue
         return pids
 
-    def not_yours(self) -> str | None:
+    def not_yours(self, *also: Path) -> str | None:
         """Why this run directory is not this user's to act on, or None. Its folder and the files that say
         what to run or which processes to signal (config.yaml, resolved.json, launch.json, the ranks' pid
         files) must be owned by this user: in a runs root others can write to (a course's shared folder),
         a directory someone else made could otherwise have you re-run their config (their model's code,
-        with trust_remote_code) or signal your own processes named in their launch.json."""
+        with trust_remote_code) or signal your own processes named in their launch.json.
+
+        ``also``: the other files of the run whose word a caller is about to act on, checked the same way
+        (serve.json and tensorboard.json: the process group a stop signals, the URL prompts are sent to,
+        the key that goes with them)."""
         me = os.geteuid()
         files = [self.root, self.config, self.resolved, self.launch, *sorted(self.control.glob("pid-rank*"))]
-        for f in files:
+        for f in [*files, *also]:
             try:
                 owner = os.lstat(f).st_uid
             except FileNotFoundError:
@@ -126,12 +130,29 @@ class RunPaths:
             except OSError as e:
                 return f"{f} cannot be read ({e.strerror})"
             if owner != me:
+                fix = (
+                    "To train it yourself, start a new run from its config.yaml"
+                    if f == self.root
+                    else f"The folder is yours: remove {f.name} if you did not expect it, and let no one "
+                    f"else write there (chmod go-w {self.root})"
+                )
                 return (
-                    f"{f} is owned by uid {owner}, not by you (uid {me}): nbtrain does not resume, stop or "
-                    f"load a run another user's files describe. To train it yourself, start a new run from "
-                    f"its config.yaml"
+                    f"{f} is owned by uid {owner}, not by you (uid {me}): nbtrain does not resume, stop, "
+                    f"serve or load a run another user's files describe, nor signal the processes or use "
+                    f"the servers they name. {fix}"
                 )
         return None
+
+    def not_a_run(self) -> str | None:
+        """Why this folder is not a run directory of this user's, or None. nbtrain makes every run
+        directory at an absolute path with its resolved.json in it (the registry's rows are read through
+        this: a row naming ``/etc``, a relative path or another user's run is no run to list or act on),
+        and a run is this user's as :meth:`not_yours` says."""
+        if not self.root.is_absolute():
+            return f"{self.root} is a relative path: nbtrain records every run directory by its absolute path"
+        if not os.path.lexists(self.resolved):
+            return f"{self.root} holds no resolved.json: it is not a run directory nbtrain made"
+        return self.not_yours()
 
     def make(self) -> None:
         for d in (self.root, self.logs, self.control, self.checkpoints):

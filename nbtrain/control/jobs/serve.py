@@ -232,17 +232,23 @@ def _gather(into: dict[str, Any], choice: dict[str, Any], delta: dict[str, Any])
 
 
 def find_server(run: Run | str | Path) -> ServerHandle | None:
-    """The live server of ``run`` (started by any process), or None; a stale serve.json is removed."""
+    """The live server of ``run`` (started by any process), or None; a stale serve.json is removed.
+
+    serve.json says which process group a stop signals and where prompts and the key go, so it is read
+    only when it and its run directory are this user's (``RunPaths.not_yours``): otherwise ServeError
+    says whose they are, and serve, generate, chat and stop act on nothing."""
     run = get_run(run)
     f = run.dir / "serve.json"
+    if why := run.paths.not_yours(f):
+        raise ServeError(f"not using the server of run {run.id}: {why}")
     try:
         info = read_json(f)
     except (FileNotFoundError, ValueError):
         return None
-    except PermissionError:
+    except PermissionError:  # yours (checked above), yet not readable: its mode was changed by hand
         raise ServeError(
-            f"run {run.id} has a server started by another user ({f} is readable by its owner only, "
-            f"it holds the server's key); ask them to stop it, or serve a copy of the run"
+            f"{f} of run {run.id} cannot be read (its mode was changed), nor the key of its server with "
+            f"it; give it back its own (chmod 600 {f})"
         ) from None
     handle = ServerHandle.from_info(run.dir.resolve(), info)
     if process.leader_alive(handle._launch_info()):

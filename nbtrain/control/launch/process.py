@@ -335,12 +335,66 @@ def run_job(
 
 
 # ------------------------------------------------------------------------------ liveness and stopping
-def read_launch(paths: RunPaths) -> dict[str, Any] | None:
+class NotALaunchRecord(NbtrainError, ValueError):
+    """A launch.json that is there but is not a record nbtrain wrote (not JSON, or not of its shape): the
+    processes of the run cannot be found from it."""
+
+
+def load_launch(paths: RunPaths) -> dict[str, Any] | None:
+    """launch.json, checked to be of the shape the spawner (or notebook_launch) writes; None while there
+    is none. Raises NotALaunchRecord saying what is wrong with one that is not (NotRegularFile for a FIFO
+    or a link)."""
     try:
-        data: dict[str, Any] = read_json(paths.launch, max_bytes=MAX_JSON_BYTES)
-        return data
-    except (FileNotFoundError, ValueError):
+        data = read_json(paths.launch, max_bytes=MAX_JSON_BYTES)
+    except FileNotFoundError:
         return None
+    except ValueError as e:  # not JSON, not UTF-8, too large, nested too deep
+        raise NotALaunchRecord(f"{paths.launch} is not a launch record nbtrain wrote: {e}") from None
+    if why := _launch_problem(data):
+        raise NotALaunchRecord(f"{paths.launch} is not a launch record nbtrain wrote: {why}")
+    record: dict[str, Any] = data
+    return record
+
+
+def read_launch(paths: RunPaths) -> dict[str, Any] | None:
+    """launch.json, or None when there is none or it is no launch record (``load_launch`` says why)."""
+    try:
+        return load_launch(paths)
+    except NotALaunchRecord:
+        return None
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _launch_problem(data: Any) -> str | None:
+    """What keeps ``data`` from being a launch record, or None. Older records lack ``create_time``,
+    ``boot_time`` or ``procs``; what is there has its type."""
+    if not isinstance(data, dict):
+        kinds = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+        return f"it holds {kinds.get(type(data), 'null')}, not a JSON object"
+    if not isinstance(data.get("host"), str):
+        return "it names no host"
+    if data.get("notebook"):
+        if not (_whole(data.get("kernel_pid")) and _number(data.get("start_time"))):
+            return "a notebook_launcher record names no kernel pid and start time"
+        return None
+    procs = data.get("procs", [])
+    if not isinstance(procs, list):
+        return "its procs is not a list"
+    for rec in [data, *procs]:
+        if not isinstance(rec, dict) or not _whole(rec.get("pid")):
+            return "it names no process id"
+        if not all(_whole(rec[k]) for k in ("pgid",) if k in rec) or not all(
+            rec[k] is None or _number(rec[k]) for k in ("create_time", "boot_time") if k in rec
+        ):
+            return "its process group or start time is not a number"
+    return None
 
 
 def is_local(launch: dict[str, Any]) -> bool:
@@ -374,7 +428,9 @@ def _identity(rec: Mapping[str, Any]) -> tuple[int, int, float | None]:
 
 
 def _is(p: psutil.Process, create_time: float, rec: Mapping[str, Any]) -> bool:
-    return same_start(p, create_time, rec.get("boot_time"))
+    """Whether ``p`` is the recorded process: started when the record says, by this user. A record naming
+    another user's process (whoever wrote it) names nothing of ours to wait for or signal."""
+    return bool(p.uids().real == os.getuid() and same_start(p, create_time, rec.get("boot_time")))
 
 
 def leader_alive(rec: Mapping[str, Any]) -> bool:
@@ -406,6 +462,8 @@ def _members(rec: Mapping[str, Any]) -> list[psutil.Process]:
         return members if _is(psutil.Process(pid), ct, rec) else []  # the number was given to another
     except psutil.NoSuchProcess:
         pass
+    except psutil.Error:  # there, but not to be looked at: not ours
+        return []
 
     # The leader has exited while processes of the group remain (a launcher's ranks, say). Processes
     # can only join a group inside its session, that is, be descendants of the leader: any member
@@ -434,9 +492,11 @@ def run_alive(launch: dict[str, Any]) -> bool:
         try:
             kernel = psutil.Process(int(launch["kernel_pid"]))
             return bool(
-                kernel.status() != psutil.STATUS_ZOMBIE and kernel.create_time() <= launch["start_time"]
+                kernel.uids().real == os.getuid()
+                and kernel.status() != psutil.STATUS_ZOMBIE
+                and kernel.create_time() <= launch["start_time"]
             )
-        except psutil.Error:
+        except (psutil.Error, KeyError, TypeError, ValueError):
             return False
     return group_alive(launch)
 

@@ -75,11 +75,20 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _trusted_info(paths: RunPaths) -> Path:
+    """The run's tensorboard.json, once it and the run directory are this user's (``RunPaths.not_yours``):
+    the process group it names is what a stop signals, its URL what a reuse returns."""
+    info_path = paths.root / _INFO
+    if why := paths.not_yours(info_path):
+        raise NbtrainError(f"not using the TensorBoard of run {paths.root.name}: {why}")
+    return info_path
+
+
 def tensorboard(run_dir: str | Path, *, timeout: float = 60.0) -> TensorBoardLaunched:
     """Start TensorBoard on the run's event files (or find the one this run started before)."""
     paths = RunPaths(Path(run_dir))
     logdir = tensorboard_dir(paths.root)
-    info_path = paths.root / _INFO
+    info_path = _trusted_info(paths)
     with contextlib.suppress(FileNotFoundError, ValueError):
         info = read_json(info_path)
         if process.leader_alive(info):
@@ -115,7 +124,7 @@ def tensorboard(run_dir: str | Path, *, timeout: float = 60.0) -> TensorBoardLau
 
 def stop_tensorboard(run_dir: str | Path, timeout: float = 10.0) -> bool:
     """Stop the TensorBoard this run started (its own process group only); False if none runs."""
-    info_path = Path(run_dir) / _INFO
+    info_path = _trusted_info(RunPaths(Path(run_dir)))
     try:
         info = read_json(info_path)
     except (FileNotFoundError, ValueError):

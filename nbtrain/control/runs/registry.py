@@ -7,6 +7,7 @@ write at once.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 import warnings
@@ -125,9 +126,22 @@ _COLUMNS = "SELECT id, name, run_dir, created FROM runs"
 
 def rows() -> list[Row]:
     """All runs, oldest first: the registered ones, and any run directory under the runs root that the
-    registry lost (it was deleted, truncated or unreadable) added back."""
+    registry lost (it was deleted, truncated or unreadable) added back. A row whose folder is there but
+    is no run directory of this user's is left out (``is_run``)."""
     rebuild(runs_root())
-    return _rows()
+    return [r for r in _rows() if is_run(r)]
+
+
+def is_run(row: Row) -> bool:
+    """Whether a row names a run directory of this user's (``RunPaths.not_a_run``): a row naming ``/``,
+    ``/etc``, a relative path or another user's folder (a registry written by hand, an old or a copied
+    one) is never listed, looked up or acted on. A folder that is not there at all stays listed: it was
+    deleted by hand (its run reads lost), or it is being created (registered before it is renamed into
+    place)."""
+    path = Path(row.run_dir)
+    if path.is_absolute() and not os.path.lexists(path):
+        return True
+    return RunPaths(path).not_a_run() is None
 
 
 def _rows() -> list[Row]:
@@ -140,7 +154,7 @@ def find(ref: str) -> list[Row]:
     def query(con: sqlite3.Connection) -> list[Row]:
         q = f"{_COLUMNS} WHERE {{}} ORDER BY created DESC, id DESC"
         for clause, arg in (("id = ?", ref), ("name = ?", ref), ("id LIKE ? ESCAPE '\\'", _like_prefix(ref))):
-            found = [Row(*r) for r in con.execute(q.format(clause), (arg,)).fetchall()]
+            found = [row for r in con.execute(q.format(clause), (arg,)).fetchall() if is_run(row := Row(*r))]
             if found:
                 return found
         return []

@@ -169,11 +169,15 @@ class Run:
         """The run's state; a run whose processes are gone without a final state reads as failed (lost)."""
         raw = self._read_status()
         if raw.get("state") in ACTIVE_STATES:
-            info = process.read_launch(self.paths)
-            if info is not None and process.is_local(info) and not process.run_alive(info):
+            unknown = None  # why launch.json names no processes to look for, when it is there but garbage
+            try:
+                info = process.load_launch(self.paths)
+            except process.NotALaunchRecord as e:
+                info, unknown = None, str(e)
+            if unknown or (info is not None and process.is_local(info) and not process.run_alive(info)):
                 raw = self._read_status()  # it may have finished between the two reads
                 if raw.get("state") in ACTIVE_STATES:
-                    raw = self._mark_lost()
+                    raw = self._mark_lost(unknown)
         if raw.get("slurm_job"):  # SLURM's word on the job; its end if the worker wrote none
             from nbtrain.control.launch import slurm
 
@@ -197,9 +201,11 @@ class Run:
         )
         return st
 
-    def _mark_lost(self) -> dict[str, Any]:
+    def _mark_lost(self, unknown: str | None = None) -> dict[str, Any]:
         """The processes are gone and the state is still active: say failed, with the likeliest cause.
-        A full disk is the one the worker cannot report itself (it cannot write status.json then)."""
+        A full disk is the one the worker cannot report itself (it cannot write status.json then).
+        ``unknown``: launch.json is there but no launch record (why), so no process of the run can be
+        found or stopped through it: the run is lost all the same, and says so."""
         tail = tail_text(self.paths.rank_log(0), 30, below=self.dir)
         try:
             full = shutil.disk_usage(self.dir).free < 8 * 2**20
@@ -210,6 +216,13 @@ class Run:
                 "type": "disk-full",
                 "message": f"the run stopped: no space left on the device ({storage_hint(self.dir)}); "
                 "free some space, then resume it",
+                "log_tail": tail,
+            }
+        elif unknown:
+            err = {
+                "type": "lost",
+                "message": f"{unknown}; nbtrain cannot tell from it which processes run this, so it "
+                "reads as ended. Resume it from its last checkpoint, or start it again",
                 "log_tail": tail,
             }
         else:

@@ -180,7 +180,7 @@ def _server(run: Run) -> dict[str, Any] | None:
 
     try:
         handle = find_server(run)
-    except ServeError as e:  # another user's server: its serve.json (with the key) is theirs to read
+    except ServeError as e:  # a serve.json another user wrote: its URL and pid are not acted on, only named
         return {"url": None, "note": str(e)}
     except (NbtrainError, OSError, ValueError, KeyError, TypeError):
         return None  # a serve.json being written, or torn: the next poll reads it
