@@ -72,8 +72,17 @@ class InfoDataset:
     ranking: bool
 
 
+def no_nul(value: str, what: str, where: str) -> None:
+    """Refuse a file name or Hub id holding a NUL byte, which none can hold (Python's path functions raise a
+    bare ValueError on one); ``where``: the file to remove it from."""
+    if "\0" in value:
+        why = "which no file name or Hub id can hold"
+        raise InfoProblem(f"{what} {value!r} holds a NUL byte (\\0), {why}: remove it from {where}")
+
+
 def info_file(spec: str, base: Path) -> Path:
     """The dataset_info.json ``spec`` names: the file, or a folder holding one."""
+    no_nul(spec, "data: train:", "the config")
     path = Path(spec).expanduser()
     path = path if path.is_absolute() else (base / path).resolve()
     if path.is_dir():
@@ -144,6 +153,9 @@ def resolve(spec: str, name: str, base: Path) -> InfoDataset:
             raise InfoProblem(f"{where} has {key}:, which nbtrain does not read; {fix}")
     if unknown:
         raise InfoProblem(f"{where} has keys nbtrain does not know: {unknown}; it reads {list(_KEYS)}")
+    for key in ("file_name", "hf_hub_url", "split"):
+        if isinstance(entry.get(key), str):
+            no_nul(entry[key], f"{where}: {key}", str(path))
     formatting = entry.get("formatting", "alpaca")
     if formatting not in COLUMNS:
         raise InfoProblem(f"{where}: formatting {formatting!r} is not alpaca or sharegpt")

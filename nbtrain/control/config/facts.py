@@ -53,6 +53,7 @@ class Facts:
         self.runs = runs  # how a run named as a reward model is found (prepare hands the registry's)
         self._kinds: dict[Path, Kind] = {}
         self._modules: dict[Path, set[str] | None] = {}
+        self._configs: dict[Path, dict[str, Any] | None] = {}
         self._gguf: dict[tuple[Path, str | None], GgufFacts] = {}
 
     def path(self, spec: str) -> Path:
@@ -98,6 +99,16 @@ class Facts:
         if folder not in self._modules:
             self._modules[folder] = module_names(folder)
         return self._modules[folder]
+
+    def model_config(self, folder: Path) -> dict[str, Any] | None:
+        """A local model folder's config.json as a mapping; None when it cannot be read as one."""
+        if folder not in self._configs:
+            try:
+                value = json.loads(self.text(folder / "config.json"))
+            except (OSError, ValueError):
+                value = None
+            self._configs[folder] = value if isinstance(value, dict) else None
+        return self._configs[folder]
 
     def text(self, path: Path) -> str:
         """A small text file's first MAX_TEXT_BYTES (OSError as it comes: FileNotFoundError and others)."""

@@ -24,13 +24,14 @@ from nbtrain.control.config.rewardmodels import RunLookup
 from nbtrain.control.config.rules.data import chat_template_key, check_sources, data_sections, preprocess_hook
 from nbtrain.control.config.rules.distributed import check_distributed
 from nbtrain.control.config.rules.method import method_sections
-from nbtrain.control.config.rules.model import check_model, lora_targets_problem
+from nbtrain.control.config.rules.model import check_model, lora_layers_problem, lora_targets_problem
 from nbtrain.control.config.rules.objective import (
     hooks_sections,
     objective_sections,
     reward_models,
     unavailable_objective,
 )
+from nbtrain.control.config.rules.paths import nul_problems
 from nbtrain.control.config.rules.secrets import secret_problems
 from nbtrain.control.config.rules.train import check_train
 from nbtrain.control.config.schema.run import Resolved, RunConfig
@@ -47,6 +48,9 @@ def parse_source(source: str | Path | dict[str, Any]) -> tuple[dict[str, Any] | 
     if isinstance(source, Path) or (
         isinstance(source, str) and "\n" not in source and source.strip().endswith((".yaml", ".yml"))
     ):
+        if "\0" in str(source):  # Path's lookups raise a bare ValueError on one
+            why = "which no file name can hold: remove it"
+            raise ConfigError([Problem("", f"the config file name {str(source)!r} holds a NUL byte, {why}")])
         p = Path(source).expanduser()
         if not p.is_file():
             raise ConfigError([Problem("", f"config file not found: {p.resolve()}")])
@@ -119,9 +123,20 @@ def load_config(
             ]
         )
     secret_problems(raw, probs)
-    raw = chat_template_key(raw, facts, probs)
     if name is not None:
         raw = {**raw, "name": name}
+    if nul_problems(raw, probs):
+        # A path holding NUL cannot be looked up: the checks of the world below wait until it is fixed, and
+        # the schema's (which look at nothing) are said with it.
+        nul = list(probs.items)
+        try:
+            RunConfig.model_validate(raw)
+        except ValidationError as e:
+            schema_problems(e, raw, probs)
+        said = {p.path for p in nul}
+        items = [*nul, *(p for p in probs.items[len(nul) :] if p.path not in said)]
+        raise ConfigError(sorted(items, key=lambda p: (p.line or 0, p.path)))
+    raw = chat_template_key(raw, facts, probs)
     preset_items: list[tuple[tuple[str | int, ...], str]] = []
     if preset is not None:
         raw = preset.fill(raw)
@@ -158,6 +173,12 @@ def load_config(
             why = lora_targets_problem(names, cfg.lora.target_modules) if names else None
             if why:
                 probs.add(("lora", "target_modules"), why)
+        layers = (cfg.lora.model_extra or {}).get("layers_to_transform") if cfg.lora is not None else None
+        if model_kind == "local" and isinstance(layers, int | list) and not isinstance(layers, bool):
+            config_json = facts.model_config(facts.resolved(cfg.model))
+            why = lora_layers_problem(config_json, layers) if config_json else None
+            if why:
+                probs.add(("lora", "layers_to_transform"), why)
         data_sections(cfg, probs)
         objective_sections(cfg, probs)
         reward_list = reward_models(cfg, facts, probs)

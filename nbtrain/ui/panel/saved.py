@@ -21,6 +21,7 @@ from nbtrain.contract.paths import home_dir
 from nbtrain.contract.rundir import atomic_write_text
 from nbtrain.control.config.problems import Problems
 from nbtrain.control.config.rules.secrets import HF_TOKEN_VALUE, SECRET_ADVICE, secret_problems
+from nbtrain.control.config.yamlsafe import DuplicateKeys, YamlLimit, YamlProblem, load_yaml
 
 MAX_BYTES = 256 * 1024  # a form's YAML is a few hundred bytes; anything far past that is not kept
 _CELL_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -73,16 +74,32 @@ def _empty(value: object) -> bool:
     return value is None or value == ""
 
 
-def is_empty(text: str) -> bool:
+_NOT_YAML = object()  # what ``_parsed`` returns for text that is not YAML (yet: a form being typed)
+
+
+def _parsed(text: str) -> object:
+    """``text`` read through the one YAML reader (config/yamlsafe: size and alias expansion bounded, so an
+    alias bomb is refused, never walked): its value, the ``YamlLimit`` that refused it, or ``_NOT_YAML``
+    (a syntax error). A key given twice is no reason to miss a secret
+    in it: that is looked for once the expansion was counted, so the plain safe read after it is bounded."""
     try:
-        return _empty(yaml.safe_load(text))
-    except yaml.YAMLError:
-        return not text.strip()
+        return load_yaml(text)
+    except DuplicateKeys:
+        return yaml.safe_load(text)
+    except YamlLimit as e:  # an alias bomb, nesting too deep, over 1 MiB: said as such
+        return e
+    except YamlProblem:
+        return _NOT_YAML
+
+
+def is_empty(text: str) -> bool:
+    raw = _parsed(text)
+    return not text.strip() if raw is _NOT_YAML else not isinstance(raw, YamlLimit) and _empty(raw)
 
 
 def _secret_of(raw: object, text: str) -> str | None:
-    """Why ``text`` (parsed: ``raw``; None when it is not YAML) must not be written, or None: the config's
-    own secret rule on a mapping, a Hugging Face token anywhere in anything else."""
+    """Why ``text`` (parsed: ``raw``, or what ``_parsed`` says when it is not read) must not be written, or
+    None: the config's own secret rule on a mapping, a Hugging Face token anywhere in anything else."""
     if not isinstance(raw, dict):
         found = HF_TOKEN_VALUE.search(text)
         return f"this value holds a Hugging Face token: {SECRET_ADVICE}" if found else None
@@ -92,11 +109,11 @@ def _secret_of(raw: object, text: str) -> str | None:
 
 
 def secret_in(text: str) -> str | None:
-    """Why ``text`` must not be written to disk (a token or a secret-named key in it), or None."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raw = None
+    """Why ``text`` must not be written to disk (a token or a secret-named key in it, or YAML past what the
+    reader reads, which cannot be looked through for one), or None."""
+    raw = _parsed(text)
+    if isinstance(raw, YamlLimit):
+        return f"{raw}; a form nbtrain cannot read cannot be checked for secrets either"
     return _secret_of(raw, text)
 
 
@@ -104,10 +121,11 @@ def _keep(text: str) -> bool:
     """Whether ``text`` is a form to keep: not empty, not too big, and no secret in it (parsed once)."""
     if len(text.encode()) > MAX_BYTES:
         return False
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError:  # kept as typed, unless a token shows in it
-        return bool(text.strip()) and _secret_of(None, text) is None
+    raw = _parsed(text)
+    if isinstance(raw, YamlLimit):  # never a form: nothing a panel could show again
+        return False
+    if raw is _NOT_YAML:  # kept as typed, unless a token shows in it
+        return bool(text.strip()) and _secret_of(raw, text) is None
     return not _empty(raw) and _secret_of(raw, text) is None
 
 

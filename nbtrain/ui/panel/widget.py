@@ -836,11 +836,8 @@ class ConfigPanel:
         if not ref:
             raise NbtrainError("type a run id, id prefix or name, or a .yaml file, next to Load")
         if yamlfile.is_yaml_name(ref):
-            try:
-                self.set_config(Path(ref).expanduser())
-            except ConfigError as e:  # the form is left as it was
-                why = "; ".join(p.message for p in e.problems)
-                raise NbtrainError(f"{ref} was not loaded: {why}") from None
+            # an nbtrain config or nothing: any other file is refused naming why, the form left as it was
+            self.set_config(yamlfile.read(ref, Path.cwd()))
             self._action(None, f"loaded the form from {ref}")
             return
         run = get_run(ref)

@@ -13,11 +13,16 @@ from __future__ import annotations
 import html
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ipywidgets as widgets
+from pydantic import ValidationError
 
-from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.errors import ConfigError, NbtrainError
 from nbtrain.contract.rundir import atomic_write_text
+from nbtrain.control.config.load import parse_source
+from nbtrain.control.config.problems import Problems, schema_problems
+from nbtrain.control.config.schema import RunConfig
 from nbtrain.ui.panel.saved import secret_in
 
 SUFFIXES = (".yaml", ".yml")
@@ -37,11 +42,27 @@ def _shown(p: Path, base: Path) -> str:
         return str(p)
 
 
+def control_character(name: str) -> str | None:
+    """What in ``name`` no file name typed in a box should hold: a line break, a tab, a NUL byte or another
+    control character (a name holding one is a file no one can type or list plainly, or none at all)."""
+    bad = next((c for c in name if ord(c) < 32 or ord(c) == 127), None)
+    if bad is None:
+        return None
+    return {"\n": "a line break", "\r": "a line break", "\t": "a tab", "\0": "a NUL byte"}.get(
+        bad, f"the control character {bad!r}"
+    )
+
+
 def target(name: str, base: Path) -> Path:
     """The file ``name`` (relative to ``base``) would be saved to. Raises NbtrainError naming the fix."""
     name = name.strip()
     if not name:
         raise NbtrainError("type a file name next to Save, such as my-run.yaml")
+    bad = control_character(name)
+    if bad is not None:
+        raise NbtrainError(
+            f"the file name {name!r} holds {bad}: type the name on one line, such as my-run.yaml"
+        )
     if not is_yaml_name(name):
         raise NbtrainError(f"{name!r} is not a YAML file name: end it with .yaml (for example {name}.yaml)")
     p = Path(name).expanduser()
@@ -54,6 +75,58 @@ def target(name: str, base: Path) -> Path:
             "or save next to the notebook"
         )
     return p
+
+
+# A config's top-level keys: the schema's, and chat_template: (read by load_config before the schema).
+CONFIG_KEYS = frozenset({*RunConfig.model_fields, "chat_template"})
+
+
+def not_a_config(raw: Any, text: str) -> str | None:
+    """Why ``raw`` (``text`` as the config reader read it) is not an nbtrain config, or None: empty, not a
+    mapping, none of a config's keys, or keys a config does not have (said by the schema, with lines)."""
+    if raw is None:
+        return "it is empty; a config holds at least model: and data: train:"
+    if not isinstance(raw, dict):
+        return f"it holds a {type(raw).__name__}: the config must be a mapping of keys (model:, data:, ...)"
+    unknown = [k for k in raw if k not in CONFIG_KEYS]
+    if len(unknown) == len(raw):
+        shown = ", ".join(str(k) for k in unknown[:8]) + (", ..." if len(unknown) > 8 else "")
+        return (
+            f"it is not an nbtrain config: none of its keys ({shown}) is one of a config's (model:, data:, "
+            f"train:, lora:, ...)"
+        )
+    if not unknown:
+        return None
+    probs = Problems(text)
+    try:
+        RunConfig.model_validate(raw)
+    except ValidationError as e:
+        schema_problems(e, raw, probs)
+    said = [p for p in probs.items if p.path in {str(k) for k in unknown}]
+    return "it is not an nbtrain config as it is: " + "; ".join(
+        (f"line {p.line}: " if p.line else "") + p.message for p in said
+    )
+
+
+def read(name: str, base: Path) -> dict[str, Any]:
+    """The config in the YAML file ``name`` (relative to ``base``), read by the one config reader as a
+    ``%%finetune`` cell holding its name would be, for the panel's Load. Raises NbtrainError naming the file
+    and why it is not loaded: not there, unreadable, not YAML, or not an nbtrain config (``not_a_config``)."""
+    name = name.strip()
+    bad = control_character(name)
+    if bad is not None:
+        raise NbtrainError(f"{name!r} was not loaded: the file name holds {bad}")
+    p = Path(name).expanduser()
+    try:
+        raw, text, _ = parse_source(p if p.is_absolute() else base / p)
+    except ConfigError as e:
+        raise NbtrainError(f"{name} was not loaded: {'; '.join(q.message for q in e.problems)}") from None
+    except OSError as e:
+        raise NbtrainError(f"{name} was not loaded: {e.strerror or e}") from None
+    why = not_a_config(raw, text)
+    if why is not None:
+        raise NbtrainError(f"{name} was not loaded: {why}")
+    return raw
 
 
 def _umask() -> int:
@@ -145,4 +218,7 @@ class SaveRow:
         )
 
 
-__all__ = ["SUFFIXES", "SaveRow", "is_yaml_name", "save", "secret_in", "target"]
+__all__ = [
+    "CONFIG_KEYS", "SUFFIXES", "SaveRow", "control_character", "is_yaml_name", "not_a_config", "read", "save",
+    "secret_in", "target",
+]  # fmt: skip

@@ -95,3 +95,26 @@ def lora_targets_problem(names: set[str], targets: list[str]) -> str | None:
         f"the model has no module named {', '.join(hints)}: peft would fail after the run started. Its "
         f"modules with weights are named: {shown}; or use target_modules: auto | all-linear"
     )
+
+
+def lora_layers_problem(model_config: dict[str, Any], layers: int | list[Any]) -> str | None:
+    """Which of LoRA's ``layers_to_transform`` (a layer's index or a list of them, as peft takes it) the model
+    has no layer for: its layers are its config.json's ``num_hidden_layers``, its text_config's for a
+    vision-language model (where the adapters go). None when every index is one, or the count is not said."""
+    text = model_config.get("text_config")
+    count, said = model_config.get("num_hidden_layers"), "num_hidden_layers"
+    if isinstance(text, dict) and "num_hidden_layers" in text:
+        count, said = text["num_hidden_layers"], "text_config: num_hidden_layers"
+    if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
+        return None
+    given = layers if isinstance(layers, list) else [layers]
+    bad = [x for x in given if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < count]
+    if given and not bad:
+        return None
+    valid = f"from 0 to {count - 1}" if count > 1 else "0"
+    what = f"{', '.join(repr(x) for x in bad)} {'is not a layer' if len(bad) == 1 else 'are not layers'} of"
+    return (
+        f"layers_to_transform: {what if bad else 'lists no layer of'} this model: it has {count} (its "
+        f"config.json's {said}), numbered {valid}; peft would fail after the run started. Give layer "
+        f"indexes {valid}, or leave layers_to_transform out to adapt every layer"
+    )

@@ -14,7 +14,7 @@ from nbtrain.contract.formats import CANONICAL_COLUMNS
 from nbtrain.control.config import trainargs
 from nbtrain.control.config.choices import Launcher, Offload, Strategy
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # \Z: "$" also matches before a final newline
 
 
 class Strict(BaseModel):
