@@ -32,13 +32,16 @@ def warm_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The suite's training processes start warm: one warm process folder for the whole session (each
     test has its own NBTRAIN_HOME), a warm process started now, idle ones gone after 5 minutes, all
     stopped at the end. Tests of the cold path set NBTRAIN_WARM=0
-    (tests/control/launch/test_warm.py checks both)."""
-    from nbtrain.contract.warm import ENV_DIR
+    (tests/control/launch/test_warm.py checks both). The per-user folder the warm processes register in
+    (and make room in: NBTRAIN_WARM_MAX) is the session's own, so a session never asks another session's
+    warm processes, or the user's own, to exit."""
+    from nbtrain.contract.warm import ENV_DIR, ENV_USER_DIR
     from nbtrain.control.launch import warm
 
     folder = tmp_path_factory.mktemp("warm")
-    saved = {k: os.environ.get(k) for k in (ENV_DIR, "NBTRAIN_WARM_IDLE")}
+    saved = {k: os.environ.get(k) for k in (ENV_DIR, ENV_USER_DIR, "NBTRAIN_WARM_IDLE")}
     os.environ[ENV_DIR] = str(folder)
+    os.environ[ENV_USER_DIR] = str(tmp_path_factory.mktemp("warm-user"))
     os.environ["NBTRAIN_WARM_IDLE"] = "300"
     warm.start()
     yield folder

@@ -17,6 +17,7 @@ One request on a fresh connection: a 4-byte big-endian length, then that much JS
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nbtrain.contract.jsonbound import TooDeep, loads
 from nbtrain.contract.paths import home_dir
 
 # Read by the preloaded libraries when they are imported (so they must agree with the warm process's), by
@@ -66,6 +68,16 @@ MAX_REQUEST = 1 << 20
 MAX_FDS = 8
 ENV_OFF = "NBTRAIN_WARM"  # "0": every process starts cold
 ENV_DIR = "NBTRAIN_WARM_DIR"  # where the sockets live (default: $NBTRAIN_HOME/warm)
+ENV_IDLE = "NBTRAIN_WARM_IDLE"  # seconds without a request after which a warm process exits (default 1800)
+# Warm processes add up: one per NBTRAIN_HOME and environment key, each ~300-540 MB. So each registers in
+# one folder per user (whatever its home), and a new one makes room first: the least recently used idle
+# ones of this user exit until at most ENV_MAX are left (itself included).
+ENV_MAX = "NBTRAIN_WARM_MAX"  # idle warm processes per user (default 2)
+ENV_USER_DIR = "NBTRAIN_WARM_USER_DIR"  # the per-user folder they register in (default /tmp/nbtrain-warm-UID)
+# A warm process exits when the machine's available memory falls below this while it idles (it is the
+# first thing to give memory back), and none starts below it.
+ENV_MIN_AVAILABLE = "NBTRAIN_WARM_MIN_AVAILABLE_MB"  # default: 10% of the RAM, at most 2048 MB
+DEFAULT_MAX = 2
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -170,7 +182,10 @@ class RequestReader:
                 raise ValueError("warm request too large")
         if self.size is None or len(self.data) < 4 + self.size:
             return None
-        request = json.loads(bytes(self.data[4 : 4 + self.size]))
+        try:
+            request = loads(bytes(self.data[4 : 4 + self.size]))
+        except TooDeep as e:
+            raise ValueError(f"the warm request is {e}") from None
         if not isinstance(request, dict):
             raise ValueError("warm request is not an object")
         fds, self.fds = self.fds, []
@@ -196,7 +211,7 @@ def recv_reply(sock: socket.socket) -> dict[str, Any]:
         data += chunk
         if len(data) > 65536:
             raise ValueError("warm reply too large")
-    reply = json.loads(data)
+    reply = loads(data)
     if not isinstance(reply, dict):
         raise ValueError("warm reply is not an object")
     return reply
@@ -215,3 +230,160 @@ def held(lock: Path) -> bool:
     finally:
         os.close(fd)  # closing drops the lock this probe may have taken
     return False
+
+
+# ------------------------------------------------------------------------ this user's warm processes
+# Each warm process registers in one folder per user, whatever its NBTRAIN_HOME: ``PID.json`` (pid, its
+# start time, key, socket, warm folder, interpreter), rewritten when it is ready and touched at every
+# request it answers, so the file's mtime is when it was last used. Identity is checked against /proc
+# (standard library only here): this user's process, started when the file says, running the warm module.
+
+
+def max_processes(env: Mapping[str, str] | None = None) -> int:
+    """How many warm processes one user keeps (ENV_MAX, at least 1; NBTRAIN_WARM=0 turns them off)."""
+    env = os.environ if env is None else env
+    try:
+        return max(1, int(env.get(ENV_MAX, "") or DEFAULT_MAX))
+    except ValueError:
+        return DEFAULT_MAX
+
+
+def min_available(total: int, env: Mapping[str, str] | None = None) -> int:
+    """Bytes of available memory below which a warm process exits (and none starts): ENV_MIN_AVAILABLE
+    (MB), else 10% of ``total`` RAM, at most 2048 MB."""
+    env = os.environ if env is None else env
+    try:
+        return int(float(env[ENV_MIN_AVAILABLE]) * 2**20)
+    except (KeyError, ValueError):
+        return min(2048 * 2**20, total // 10)
+
+
+def memory_short(available: int, total: int, env: Mapping[str, str] | None = None) -> str | None:
+    """Why a warm process must not hold memory now (``available`` bytes of the machine's ``total`` is below
+    the floor, ``min_available``), or None."""
+    floor = min_available(total, env)
+    if available >= floor:
+        return None
+    return (
+        f"the machine has {available / 2**20:.0f} MiB of memory available, below {floor / 2**20:.0f} MiB "
+        f"({ENV_MIN_AVAILABLE})"
+    )
+
+
+def user_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The folder this user's warm processes register in: one per uid, not per NBTRAIN_HOME (nor TMPDIR,
+    which differs between environments of one user)."""
+    env = os.environ if env is None else env
+    if env.get(ENV_USER_DIR):
+        return Path(env[ENV_USER_DIR]).expanduser().resolve()
+    return Path("/tmp") / f"nbtrain-warm-{os.geteuid()}"
+
+
+def proc_created(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch, as psutil's create_time), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/stat") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    if fields[0] == "Z":
+        return None  # it has exited; only its parent has yet to collect it
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def is_warm_process(pid: int, created: float) -> bool:
+    """Whether ``pid`` is still the warm process of this user that started at ``created`` (not a reused pid,
+    not another user's, not another program)."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+            return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    began = proc_created(pid)
+    return began is not None and abs(began - created) <= 1 and b"nbtrain.worker.warm" in argv
+
+
+def register(info: dict[str, Any], env: Mapping[str, str] | None = None) -> Path | None:
+    """Write (or rewrite) this warm process's entry in the user's folder; None when that folder is not safe
+    to use (another user's, or open to others): the bound then does not apply to this process."""
+    folder = user_dir(env)
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return None
+    if folder_problem(folder) is not None:
+        return None
+    path = folder / f"{info['pid']}.json"
+    tmp = folder / f".{info['pid']}.json.tmp"
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, path)
+    return path
+
+
+def registered(env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """This user's warm processes, alive and identity-checked, each entry with ``last_used`` (the time its
+    entry was last touched), least recently used first. Entries of processes that are gone are removed."""
+    folder = user_dir(env)
+    if folder_problem(folder) is not None:
+        return []
+    out = []
+    for path in folder.glob("*.json"):
+        try:
+            info = json.loads(path.read_text())
+            pid, created = int(info["pid"]), float(info["created"])
+            last = path.stat().st_mtime
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not is_warm_process(pid, created):
+            with contextlib.suppress(OSError):
+                path.unlink()  # a dead one's (its own exit removes it; a kill -9 does not)
+            continue
+        out.append({**info, "last_used": last, "entry": str(path)})
+    return sorted(out, key=lambda e: e["last_used"])
+
+
+EXIT_SECONDS = 3.0  # the most an exit request waits for a warm process to answer
+
+
+def ask_to_exit(entry: Mapping[str, Any], why: str, seconds: float = EXIT_SECONDS) -> bool:
+    """Ask the registered warm process ``entry`` to exit, over its own socket: it answers between requests
+    (one thread: never while it forks a child), and only while no other request is being read; True when
+    it said it exits. Identity-checked: the process listening on the socket is this user's and the very
+    process of the entry (SO_PEERCRED), started when the entry says."""
+    pid, created = int(entry["pid"]), float(entry["created"])
+    if not entry.get("socket") or not is_warm_process(pid, created):
+        return False
+    path = Path(str(entry["socket"]))
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(seconds)
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            s.connect(f"/proc/self/fd/{dfd}/{path.name}")
+        finally:
+            os.close(dfd)
+        creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        peer_pid = int.from_bytes(creds[0:4], sys.byteorder)
+        peer_uid = int.from_bytes(creds[4:8], sys.byteorder)
+        if peer_pid != pid or peer_uid != os.geteuid() or not is_warm_process(pid, created):
+            return False
+        send_request(s, {"exit": why}, [])
+        return "exiting" in recv_reply(s)
+    except (OSError, ValueError):
+        return False
+    finally:
+        s.close()
+
+
+def wait_gone(pid: int, created: float, seconds: float = 10.0) -> bool:
+    """Wait until the warm process ``pid`` has exited (its memory is given back); True if it did."""
+    deadline = time.monotonic() + seconds
+    while is_warm_process(pid, created):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True

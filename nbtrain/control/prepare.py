@@ -17,7 +17,7 @@ import html
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +211,8 @@ def prepare(
     hook_payload = hooks_payload(res, ns) if ns is not None else None
     hw = hardware or probe_hardware()
     plan = make_plan(res, hw)
+    if not plan.fits and hardware is None:
+        hw, plan = reclaim_warm_memory(res, hw, plan)
     # the rules over the plan: every refusal they give is raised together, in one error
     refused = accelerator_problems(res.config, plan, hw.accelerator)  # Apple MPS, Ascend NPU
     refused += cpu_processes_problems(res, plan, hw)
@@ -236,6 +238,30 @@ def prepare(
         plan.deepspeed = deepspeed_config(res, plan, args)
     src = gguf_source(res, plan.precision)
     return Prepared(res, plan, hw, args, rewards=payload, hooks=hook_payload, preset=preset, gguf=src)
+
+
+def reclaim_warm_memory(res: Resolved, hw: Hardware, plan: Plan) -> tuple[Hardware, Plan]:
+    """Before a run is refused for the machine's RAM: this user's idle warm processes (each ~300-540 MB,
+    one per home and environment) are the first to give memory back. When the memory they hold (RSS)
+    would make the run fit, they are asked to exit, and once they have, the plan is made again on the RAM
+    available then (a fresh probe: the verdict counts only memory actually given back). Otherwise, or when
+    none exited, nothing changes."""
+    from nbtrain.control.launch import warm
+
+    held = warm.reclaimable()
+    if not held or not hw.ram_total:
+        return hw, plan
+    freed = replace(hw, ram_available=min(hw.ram_total, hw.ram_available + held))
+    if not make_plan(res, freed).fits:
+        return hw, plan  # short of GPU memory, or of more RAM than they hold: they stay
+    gone = warm.release_idle(f"a run needs the {held / 2**20:.0f} MiB of RAM idle warm processes hold")
+    if not gone:
+        return hw, plan
+    mib = sum(g["rss_bytes"] for g in gone) / 2**20
+    hw = probe_hardware()
+    plan = make_plan(res, hw)
+    plan.reasons.append(f"{len(gone)} idle warm process(es) exited to give their {mib:.0f} MiB of RAM back")
+    return hw, plan
 
 
 def cpu_processes_problems(res: Resolved, plan: Plan, hw: Hardware) -> Items:

@@ -477,15 +477,22 @@ def _warm(a: Args) -> str:
     from nbtrain.control.launch import warm
 
     if a.action == "start":
-        return "warm process starting" if warm.start() else "a warm process answers already (or is starting)"
+        if warm.start():
+            return "warm process starting"
+        if why := warm.memory_short():
+            return f"no warm process started: {why}"
+        return "a warm process answers already (or is starting)"
     if a.action == "stop":
         return f"stopped {warm.stop()} warm process(es)"
-    rows = warm.status()
+    rows = warm.status(every_home=True)  # the bound (NBTRAIN_WARM_MAX) is per user, whatever the home
     lines = [] if enabled() else [f"warm start is off ({ENV_OFF}=0): every run starts cold"]
     for r in rows:
+        idle = f"idle {r['idle_s']:.0f} s, " if r["idle_s"] is not None else ""
+        ready = f", ready after {r['ready_s']} s" if r["ready_s"] is not None else ""
         lines.append(
-            f"warm process {r['pid']}: {r['rss_bytes'] / 2**20:.0f} MiB held, up {r['uptime_s']:.0f} s, "
-            f"ready after {r['ready_s']} s" + (", serves this kernel" if r["this_kernel"] else "")
+            f"warm process {r['pid']}: {r['rss_bytes'] / 2**20:.0f} MiB held, {idle}up {r['uptime_s']:.0f} s"
+            f"{ready}, environment {r['key']} ({r['python']}, {r['folder']})"
+            + (", serves this kernel" if r["this_kernel"] else "")
         )
     return "\n".join(lines or ["no warm process (the next run starts one; `start` starts it now)"])
 

@@ -21,7 +21,14 @@ Safe by construction:
   (the socket's name is that key), and only while nbtrain and the training stack are the ones it imported:
   on a request after either changed on disk it answers "cold" and exits;
 - one per key: a lock file held for its lifetime; it exits after ``NBTRAIN_WARM_IDLE`` seconds (default
-  1800) without a request, or on SIGTERM, removing its socket.
+  1800) without a request, or on SIGTERM, removing its socket;
+- a bounded number per user: each registers in the user's folder (``contract.warm.user_dir``, whatever its
+  NBTRAIN_HOME) and, before it imports anything, asks the least recently used idle ones of this user to
+  exit until at most ``NBTRAIN_WARM_MAX`` (default 2) are left, itself included. It is asked over its own
+  socket and answers between requests (one thread), so none exits while it forks a child;
+- the first to give memory back: it checks the machine's available memory every MEMORY_CHECK_S while it
+  idles and exits when it is below ``NBTRAIN_WARM_MIN_AVAILABLE_MB`` (default 10% of the RAM, at most
+  2048 MB); the spawner starts none below it (control.launch.process.start_warm).
 
 Killing it (even with SIGKILL) leaves the runs it forked running: they lead their own sessions.
 """
@@ -45,6 +52,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from nbtrain.contract import warm as proto
 from nbtrain.contract.rundir import RunPaths, read_json
@@ -318,6 +327,45 @@ def bind(path: Path) -> socket.socket:
     return srv
 
 
+MEMORY_CHECK_S = 5.0  # how often an idle warm process looks at the machine's available memory
+
+
+def memory_short() -> str | None:
+    """Why this warm process must give its memory back now (the machine's available memory is below the
+    floor), or None."""
+    vm = psutil.virtual_memory()
+    return proto.memory_short(int(vm.available), int(vm.total))
+
+
+def make_room(me: int) -> int:
+    """Ask the least recently used idle warm processes of this user to exit (and wait until they have) until
+    at most ``NBTRAIN_WARM_MAX`` are left with this one; returns how many exited. One still importing (no
+    socket yet) or reading another request is not idle and stays: the next start makes room again."""
+    limit = proto.max_processes()
+    others = [e for e in proto.registered() if int(e["pid"]) != me]
+    excess = len(others) + 1 - limit
+    gone = 0
+    for entry in others:  # least recently used first
+        if excess <= 0:
+            break
+        why = f"warm process {me} starts and at most {limit} per user are kept ({proto.ENV_MAX})"
+        if proto.ask_to_exit(entry, why):
+            proto.wait_gone(int(entry["pid"]), float(entry["created"]))
+            idle_s = time.time() - float(entry["last_used"])
+            print(
+                f"nbtrain warm: warm process {entry['pid']} (key {entry.get('key')}, {entry.get('folder')}, "
+                f"idle {idle_s:.0f} s) exited to make room: {why}",
+                flush=True,
+            )
+            excess -= 1
+            gone += 1
+    if excess > 0:
+        print(
+            f"nbtrain warm: {excess} warm process(es) over {proto.ENV_MAX}={limit} are busy; kept", flush=True
+        )
+    return gone
+
+
 def serve(idle: float) -> int:
     t0 = time.monotonic()
     key = proto.env_key(os.environ)  # before preload sets its own variables
@@ -334,6 +382,20 @@ def serve(idle: float) -> int:
         return 0
     os.ftruncate(lock, 0)  # who holds it, for a stop that comes while the imports still run
     os.write(lock, f"{os.getpid()} {_created()}".encode())
+    entry_info = {"pid": os.getpid(), "created": _created(), "key": key, "folder": str(folder),
+                  "python": sys.executable, "started": time.time()}  # fmt: skip
+    entry = proto.register(entry_info)
+    try:
+        make_room(os.getpid())  # before the imports: the memory they take is given back first
+        return _serve(t0, key, folder, lock, idle, entry, entry_info)
+    finally:
+        if entry is not None:
+            entry.unlink(missing_ok=True)
+
+
+def _serve(
+    t0: float, key: str, folder: Path, lock: int, idle: float, entry: Path | None, entry_info: dict[str, Any]
+) -> int:
     failed = preload()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():  # a fork would inherit a CUDA context it cannot use
@@ -352,8 +414,11 @@ def serve(idle: float) -> int:
     }  # fmt: skip
     print(f"nbtrain warm: ready in {info['ready_s']} s, {json.dumps(info)}", flush=True)
     (folder / f"{key}.json").write_text(json.dumps(info))
+    if entry is not None:
+        proto.register({**entry_info, "socket": str(path)})  # ready: it can be asked to exit now
     try:
-        return loop(srv, idle, key, started_stamp, lock)
+        make_room(os.getpid())  # again: others that were still importing may be ready now
+        return loop(srv, idle, key, started_stamp, lock, entry)
     finally:
         try:
             if os.stat(path).st_ino == me:
@@ -364,13 +429,19 @@ def serve(idle: float) -> int:
         srv.close()
 
 
-def loop(srv: socket.socket, idle: float, key: str, started_stamp: str, lock: int) -> int:
-    """Serve until idle for ``idle`` s or stale. Many clients at once: each request is read as its bytes
-    come (proto.RequestReader) and answered when whole, so a client that stalls or trickles holds up
-    nobody (it is cut off after REQUEST_SECONDS); one thread throughout, as fork needs."""
+def loop(
+    srv: socket.socket, idle: float, key: str, started_stamp: str, lock: int, entry: Path | None = None
+) -> int:
+    """Serve until idle for ``idle`` s, stale, short of memory or asked to exit. Many clients at once: each
+    request is read as its bytes come (proto.RequestReader) and answered when whole, so a client that
+    stalls or trickles holds up nobody (it is cut off after REQUEST_SECONDS); one thread throughout, as
+    fork needs. ``entry``: its file in the user's folder, touched at each request (when it was last used).
+    An exit request (``{"exit": why}``, contract.warm.ask_to_exit) is answered between requests, and only
+    while no other request is being read."""
     srv.setblocking(False)
     pending: dict[socket.socket, proto.RequestReader] = {}
     last = time.monotonic()
+    next_check = last  # the first memory check comes at once
     with selectors.DefaultSelector() as sel:
 
         def drop(conn: socket.socket) -> None:
@@ -387,12 +458,18 @@ def loop(srv: socket.socket, idle: float, key: str, started_stamp: str, lock: in
                     else:
                         sel.unregister(srv)
                 now = time.monotonic()
-                wait = min([r.deadline - now for r in pending.values()], default=idle - (now - last))
+                idle_wait = min(idle - (now - last), next_check - now)
+                wait = min([r.deadline - now for r in pending.values()], default=idle_wait)
                 events = sel.select(max(0.0, wait))
                 now = time.monotonic()
                 if not events and not pending and now - last >= idle:
                     print(f"nbtrain warm: idle for {idle:.0f} s, exiting", flush=True)
                     return 0
+                if not events and not pending and now >= next_check:
+                    next_check = now + MEMORY_CHECK_S
+                    if why := memory_short():
+                        print(f"nbtrain warm: {why}: exiting to give its memory back", flush=True)
+                        return 0
                 for sk, _ in events:
                     if sk.fileobj is srv:
                         accept(srv, sel, pending)
@@ -401,15 +478,24 @@ def loop(srv: socket.socket, idle: float, key: str, started_stamp: str, lock: in
                     assert isinstance(conn, socket.socket)
                     try:
                         got = pending[conn].feed()
-                    except ValueError as e:
+                    except ValueError as e:  # malformed, too large, nested too deep: refused, never fatal
                         print(f"nbtrain warm: {e}; the connection is closed", flush=True)
+                        with contextlib.suppress(OSError):  # the client starts cold, told why
+                            proto.send_reply(conn, {"cold": str(e)})
                         drop(conn)
                         continue
                     if got is None:
                         continue
                     sel.unregister(conn)
                     del pending[conn]
+                    if "exit" in got[0]:
+                        if exit_asked(conn, got, bool(pending)):
+                            return 0
+                        continue
                     last = now
+                    if entry is not None:
+                        with contextlib.suppress(OSError):
+                            os.utime(entry)  # last used now (the least recently used exits first)
                     # what a forked child must not keep: the other clients' connections and descriptors
                     fds = [fd for r in pending.values() for fd in r.fds] + [sel.fileno()]
                     try:
@@ -429,6 +515,25 @@ def loop(srv: socket.socket, idle: float, key: str, started_stamp: str, lock: in
         finally:
             for reader in pending.values():
                 reader.close()
+
+
+def exit_asked(conn: socket.socket, got: tuple[dict[str, Any], list[int]], busy: bool) -> bool:
+    """Answer an exit request: True (and "exiting") when this process exits now, False (and "busy") while
+    another client's request is being read."""
+    request, fds = got
+    for fd in fds:
+        os.close(fd)
+    try:
+        conn.setblocking(True)
+        conn.settimeout(2)
+        proto.send_reply(conn, {"busy": "a request is being read"} if busy else {"exiting": os.getpid()})
+    except OSError:
+        return False  # the asker left: it does not count on this exit
+    finally:
+        conn.close()
+    if not busy:
+        print(f"nbtrain warm: asked to exit: {request.get('exit')}", flush=True)
+    return not busy
 
 
 def accept(
@@ -457,7 +562,7 @@ def _created() -> float:
 
 
 def main() -> int:
-    idle = float(os.environ.get("NBTRAIN_WARM_IDLE", "1800"))
+    idle = float(os.environ.get(proto.ENV_IDLE, "1800"))
     return serve(idle)
 
 

@@ -164,9 +164,14 @@ def start_process(
 
 def start_warm(env: Mapping[str, str] | None = None) -> bool:
     """Start a warm process (nbtrain.worker.warm) for ``env`` (default: this process's) in the background
-    unless one answers or this process started one in the last minute; True when one was started now."""
+    unless one answers or this process started one in the last minute; True when one was started now.
+    None starts while the machine's available memory is below the warm processes' floor
+    (contract.warm.memory_short): it would exit again at its first look."""
     env = dict(os.environ if env is None else env)
     if not proto.enabled(env):
+        return False
+    vm = psutil.virtual_memory()
+    if proto.memory_short(int(vm.available), int(vm.total), env) is not None:
         return False
     env = {**env, **job_env()}
     key = proto.env_key(env)

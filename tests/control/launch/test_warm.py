@@ -32,11 +32,14 @@ def losses(run: nbtrain.Run) -> list[float]:
 
 
 def wait_ready(timeout: float = 180) -> dict:
+    """This kernel's warm process once it serves; one starts when none runs (the session's may have made
+    room for another environment's: NBTRAIN_WARM_MAX)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rows = [r for r in warm.status() if r["this_kernel"]]
         if rows and Path(rows[0]["socket"]).exists():
             return rows[0]
+        warm.start()  # nothing when one runs or is still importing (it holds its lock)
         time.sleep(0.2)
     raise AssertionError(f"no warm process became ready: {list(proto.warm_dir().iterdir())}")
 
