@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from nbtrain.control.runs import follow as following
     from nbtrain.control.runs import metrics as metrics_tail
     from nbtrain.control.runs import run as run_core
-    from nbtrain.control.runs.run import Run
+    from nbtrain.control.runs.run import Run, RunStatus
     from nbtrain.ui import run as run_api
     from nbtrain.ui import text as ui_text
     from nbtrain.ui.dashboard import Dashboard
@@ -115,6 +115,20 @@ def wait_in_notebook(run: Run, timeout: float | None) -> None:
     grading.finalize_records(run)  # the run record in the cell that started it: final metrics, now
     if st.state == "failed":
         raise NbtrainError(run.failure_report(st))
+    if st.state == "stopped":  # the cells after a wait expect a trained run: Run All stops here, saying why
+        raise NbtrainError(stopped_text(run, st))
+
+
+def stopped_text(run: Run, st: RunStatus) -> str:
+    """A stopped run, for a person: at which step, who stopped it, and how to go on."""
+    who = f" (stopped by {st.stop_reason})" if st.stop_reason else ""
+    last = run_core.last_checkpoint(run)
+    how = (
+        f"resume it from its checkpoint ({last.name}) with %finetune resume {run.id}"
+        if last is not None
+        else "it saved no checkpoint, so start it again"
+    )
+    return f"run {run.id} was stopped at step {st.step}{who} before it completed; {how}"
 
 
 def follow_in_terminal(run: Run, timeout: float | None, *, quiet: bool = False) -> int:
@@ -249,7 +263,12 @@ def _list_in_terminal(df: Any, a: Args) -> int:
 
 def _stop(a: Args) -> str:
     run = run_core.get_run(a.run)
-    return f"run {run.id}: {run.stop(timeout=a.timeout).describe()}"
+    before = run.status()
+    if not before.done:
+        ahead = f"~{before.step_seconds:.0f} s a step" if before.step_seconds else "step time not known yet"
+        print(f"run {run.id}: stopping after step {before.step + 1} ({ahead}), then a checkpoint", flush=True)
+    st = run.stop(timeout=a.timeout)
+    return stopped_text(run, st) if st.state == "stopped" else f"run {run.id}: {st.describe()}"
 
 
 def _checkpoint(a: Args) -> str:
@@ -565,7 +584,13 @@ TABLE: tuple[Verb, ...] = (
         "Stop a run after its current step (it saves a checkpoint).",
         (
             _run_arg(),
-            arg("--timeout", type=float, default=60.0, help="seconds before the process group is killed"),
+            arg(
+                "--timeout",
+                type=float,
+                default=None,
+                help="seconds before the process group is killed (default: long enough for the step in "
+                "progress and its checkpoint, from the run's step time)",
+            ),
         ),
         _stop,
         _print_in_notebook,
@@ -783,7 +808,7 @@ TABLE: tuple[Verb, ...] = (
                 metavar="TYPES",
                 help="gguf: types to write, e.g. f16,q8_0,q4_k_m (default f16)",
             ),
-            arg("--overwrite", action="store_true", help="replace what is in --to"),
+            arg("--overwrite", action="store_true", help="replace an earlier export in --to"),
             arg("--push-to-hub", default=None, metavar="REPO", help="then upload to this hub repo"),
             arg("--public", action="store_true", help="create the hub repo public (default private)"),
         ),

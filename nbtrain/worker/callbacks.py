@@ -103,8 +103,16 @@ class RunDirCallback(TrainerCallback):
         status_interval: float = 1.0,
         fail_on_nan: bool = True,
         notebook_metrics: set[str] | None = None,
+        checkpoint_every: float = 0.0,
     ) -> None:
         self.paths = paths
+        # A checkpoint after the step that ends each ``checkpoint_every`` seconds of training (0: by steps
+        # only), so a stop that cannot wait, a crash or running out of memory loses at most that much.
+        self.checkpoint_every = checkpoint_every
+        self._last_save = time.monotonic()
+        self._step_began: float | None = None
+        self._step_times: list[float] = []  # the last few steps' wall seconds
+        self._checkpoint_due = False
         self.save_total_limit = save_total_limit  # checkpoints kept; rotation is ours (on_save)
         self.stop = stop
         self.meter = meter
@@ -217,19 +225,40 @@ class RunDirCallback(TrainerCallback):
             control.should_save = False
             self._status("running", state, force=True)  # the failed status then names this step
 
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._step_began = time.time()
+
+    def _step_timing(self) -> dict[str, Any]:
+        """``step_seconds`` (the median of the last five steps' wall time) and ``step_ended``, for
+        status.json: how long a stop waits for the step in progress (``Run.stop``) and what it says."""
+        now = time.time()
+        if self._step_began is not None:
+            self._step_times = [*self._step_times[-4:], now - self._step_began]
+        if not self._step_times:
+            return {}
+        return {"step_seconds": sorted(self._step_times)[len(self._step_times) // 2], "step_ended": now}
+
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        timing = self._step_timing()
         stop, checkpoint = self._requests_agreed(args)
         if stop and not control.should_training_stop:
             control.should_training_stop = True
             control.should_save = True  # a stopped run keeps its progress as a checkpoint
-            self._status("stopping", state, force=True, stop_reason=self.stop.reason)
+            self._status("stopping", state, force=True, stop_reason=self.stop.reason, **timing)
         else:
-            self._status("stopping" if self.stop.requested else "running", state)
-        if checkpoint:
+            self._status("stopping" if self.stop.requested else "running", state, **timing)
+        if checkpoint and not control.should_save:
             control.should_save = True
-            print(f"nbtrain: checkpoint requested at step {state.global_step}", flush=True)
+            why = (
+                f"after {self.checkpoint_every / 60:g} minutes of training without one (checkpoint_minutes)"
+                if self._checkpoint_due
+                else "requested"
+            )
+            print(f"nbtrain: checkpoint at step {state.global_step}, {why}", flush=True)
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -238,6 +267,7 @@ class RunDirCallback(TrainerCallback):
         # (resume ignores a checkpoint-N without this marker, e.g. one killed while being written). Old
         # checkpoints go only after that (``save_total_limit``, which the Trainer is not given: it would
         # remove them before the new one is marked, leaving no complete checkpoint if killed between).
+        self._last_save = time.monotonic()
         ckpt = self.paths.checkpoints / f"checkpoint-{state.global_step}"
         if not (self.is_rank0 and ckpt.is_dir()):
             return
@@ -256,6 +286,11 @@ class RunDirCallback(TrainerCallback):
         import torch.distributed as dist
 
         local = [self.stop.requested, self.stop.take_checkpoint_request()]
+        # Each rank's own clock says when a checkpoint by time is due; the agreement below makes it one step.
+        self._checkpoint_due = (
+            self.checkpoint_every > 0 and time.monotonic() - self._last_save >= self.checkpoint_every
+        )
+        local[1] = local[1] or self._checkpoint_due
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return local[0], local[1]
         flags = torch.tensor([int(x) for x in local], device=args.device)

@@ -17,6 +17,7 @@ import shutil
 import signal
 import sqlite3
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from nbtrain.contract.rundir import (
     NotRegularFile,
     RunPaths,
     atomic_write_json,
+    checkpoint_step,
     latest_complete_checkpoint,
     lock_run,
     read_json,
@@ -44,6 +46,10 @@ from nbtrain.control.runs import registry
 from nbtrain.control.runs.follow import follow
 
 EXIT_WAIT = 30.0  # seconds Run.wait gives a finished run's processes to exit (a GPU's teardown takes some)
+# A stop waits for the step in progress (1.5 x the measured step time) and its checkpoint (this allowance),
+# and never less than STOP_GRACE, before it kills the run's processes.
+STOP_GRACE = 60.0
+CHECKPOINT_ALLOWANCE = 60.0
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,6 +74,32 @@ class RunStatus:
     download: dict[str, Any] | None = None
     # A SLURM run's job as SLURM has it (control/slurm.py): job, state, reason, start, nodes, words...
     slurm: dict[str, Any] | None = None
+    # The worker's step timing (the median of its last steps' wall seconds, when the last one ended), and
+    # whether a stop was asked for and is not done yet: what a stop waits for and says.
+    step_seconds: float | None = None
+    step_ended: float | None = None
+    stop_asked: bool = False
+    stop_reason: str | None = None  # once stopped: who asked ("user", "sidebar", a signal's name)
+
+    def stop_grace(self) -> float:
+        """Seconds a stop waits for the step in progress and its checkpoint before it kills the run's
+        processes: a slow step (a real model on a busy CPU: 70 s) is waited for, never thrown away."""
+        floor = _env_float("NBTRAIN_STOP_GRACE") or STOP_GRACE
+        floor = floor if floor > 0 else STOP_GRACE
+        if self.step_seconds is None:
+            return floor
+        return max(floor, 1.5 * self.step_seconds + CHECKPOINT_ALLOWANCE)
+
+    def stop_text(self, now: float | None = None) -> str | None:
+        """A stop under way, for a person: "stopping after step 21, ~70 s"; None when none is."""
+        if not self.stop_asked or self.state not in ("running", "stopping"):
+            return None
+        if self.state == "stopping":
+            return f"stopping: saving a checkpoint at step {self.step}"
+        if self.step_seconds is None or self.step_ended is None:
+            return f"stopping after step {self.step + 1}"
+        left = self.step_ended + self.step_seconds - (time.time() if now is None else now)
+        return f"stopping after step {self.step + 1}, {_duration(left)}"
 
     @property
     def done(self) -> bool:
@@ -75,7 +107,10 @@ class RunStatus:
 
     def phase_text(self) -> str | None:
         """What a starting run is doing, for a person: "downloading model org/x 3.1 / 15.2 GB, 40 MB/s";
-        a queued SLURM run, what SLURM says: "SLURM job 12 pending (Resources)"."""
+        a queued SLURM run, what SLURM says: "SLURM job 12 pending (Resources)"; a stop under way: "stopping
+        after step 21, ~70 s"."""
+        if (stopping := self.stop_text()) is not None:
+            return stopping
         if self.state == "queued" and self.slurm and self.slurm.get("words"):
             return str(self.slurm["words"])
         if self.state != "starting" or not self.phase:
@@ -108,6 +143,20 @@ def _bytes(n: float, total: float | None = None) -> str:
         return f"{v / div:.1f}" if v / div < 100 and div > 1 else f"{v / div:.0f}"
 
     return f"{fmt(n)} / {fmt(total)} {unit}" if total is not None else f"{fmt(n)} {unit}"
+
+
+def _env_float(name: str) -> float | None:
+    try:
+        return float(os.environ.get(name, ""))
+    except ValueError:
+        return None
+
+
+def _duration(seconds: float) -> str:
+    """Time left for a person: "~70 s", "~3 min", "any moment now"."""
+    if seconds < 2:
+        return "any moment now"
+    return f"~{seconds:.0f} s" if seconds < 120 else f"~{seconds / 60:.0f} min"
 
 
 def _count(v: Any) -> int | None:
@@ -198,6 +247,10 @@ class Run:
             phase=raw.get("phase") if isinstance(raw.get("phase"), str) else None,
             download=raw.get("download") if isinstance(raw.get("download"), dict) else None,
             slurm=raw.get("slurm") if isinstance(raw.get("slurm"), dict) else None,
+            step_seconds=_number(raw.get("step_seconds")),
+            step_ended=_number(raw.get("step_ended")),
+            stop_asked=raw.get("state") in ACTIVE_STATES and self.paths.control_file("stop").exists(),
+            stop_reason=str(raw["stop_reason"])[:100] if isinstance(raw.get("stop_reason"), str) else None,
         )
         return st
 
@@ -281,17 +334,32 @@ class Run:
         return tail_text(self.paths.rank_log(0), n, below=self.dir)
 
     # --------------------------------------------------------------------------------- controlling
-    def stop(self, timeout: float = 60.0, *, by: str = "user") -> RunStatus:
+    def stop(self, timeout: float | None = None, *, by: str = "user") -> RunStatus:
         """Ask the run to stop after its current step (it saves a checkpoint), then wait for it.
 
-        After ``timeout`` seconds the run's own process group is killed. Returns the final status.
-        ``by`` (who asked: "user", "sidebar") becomes the run's ``stop_reason`` in status.json.
+        After ``timeout`` seconds the run's own process group is killed; by default that is long enough
+        for the step in progress and its checkpoint, from the run's measured step time
+        (``RunStatus.stop_grace``). A shorter ``timeout`` is said to lose the steps since the last
+        checkpoint before anything is done. Returns the final status. ``by`` (who asked: "user",
+        "sidebar") becomes the run's ``stop_reason`` in status.json.
         """
         st = self.status()
         if st.done:
             return st
         if why := self.paths.not_yours():
             raise NbtrainError(f"not stopping run {self.id}: {why}")
+        if timeout is None:
+            timeout = st.stop_grace()
+        elif st.step_seconds is not None and timeout < 1.5 * st.step_seconds + 5:  # the step, a quick save
+            last = latest_complete_checkpoint(self.paths)
+            since = checkpoint_step(last) if last is not None else None
+            warnings.warn(
+                f"run {self.id}: a stop with timeout={timeout:g} s may not see the step in progress end "
+                f"(~{st.step_seconds:.0f} s a step, ~{st.stop_grace():.0f} s with its checkpoint): it would "
+                f"lose the steps since {f'step {since}' if since is not None else 'the start'}; leave "
+                "timeout out to wait for the step",
+                stacklevel=2,
+            )
         job = self._read_status().get("slurm_job")
         if job:
             return self._stop_slurm(str(job), timeout, by)

@@ -288,7 +288,7 @@ def run_logs(run_id: str, n: int) -> dict[str, Any]:
     return {"id": run.id, "path": str(path), "text": read_tail(path, n, below=run.dir)}
 
 
-def stop_run(run_id: str, timeout: float) -> dict[str, Any]:
+def stop_run(run_id: str, timeout: float | None) -> dict[str, Any]:
     run, row = _lookup(run_id)
     # The REST API is the sidebar's: status.json's stop_reason says the sidebar asked (not the SIGTERM).
     return _status_dict(run, row, run.stop(timeout=timeout, by="sidebar"))
@@ -510,11 +510,13 @@ class StopHandler(_Base):
     @tornado.web.authenticated
     async def post(self, run_id: str) -> None:
         body = self.get_json_body() or {}
+        timeout = None  # none given (the sidebar): the step in progress and its checkpoint are waited for
         try:
-            timeout = float(body.get("timeout", 60.0))
+            if body.get("timeout") is not None:
+                timeout = float(body["timeout"])
         except (TypeError, ValueError, AttributeError):
             raise tornado.web.HTTPError(400, "timeout must be a number of seconds") from None
-        if not 0 < timeout <= 600:
+        if timeout is not None and not 0 < timeout <= 600:
             raise tornado.web.HTTPError(400, "timeout must be between 0 and 600 seconds")
         await self._reply(stop_run, run_id, timeout)
 

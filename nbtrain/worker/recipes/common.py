@@ -170,6 +170,10 @@ def run_callback(run: RunContext, notebook_metrics: set[str] | None = None) -> A
         save_total_limit=int(limit) if limit is not None else None,
         fail_on_nan=run.cfg.get("on_nan", "fail") == "fail",  # absent from older run directories
         notebook_metrics=notebook_metrics,
+        # a checkpoint by training time too (none where the run saves none: save_strategy no, a probe)
+        checkpoint_every=60.0 * float(run.cfg.get("checkpoint_minutes") or 0)
+        if run.args.get("save_strategy", "steps") != "no"
+        else 0.0,
     )
 
 

@@ -460,3 +460,26 @@ async def test_a_runs_model_server_is_listed_with_its_address_not_its_key_and_st
     finally:
         if find_server(root) is not None:
             handle.stop()
+
+
+@pytest.mark.slow
+async def test_the_sidebars_stop_waits_for_a_slow_step_and_says_so_while_it_does(
+    jp_fetch: Fetch, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbtrain.contract.rundir import checkpoint_step
+    from nbtrain.control.runs.run import last_checkpoint
+    from tests.faults.test_stop_faults import slow_run
+
+    monkeypatch.setenv("NBTRAIN_STOP_GRACE", "1")  # the floor shorter than a step: the step time decides
+    run = slow_run("sidebar", 3.0, 200)
+    await poll(jp_fetch, run.id, lambda s: s["step"] >= 2 and s["state"] == "running", timeout=240)
+    stop = asyncio.ensure_future(
+        jp_fetch("nbtrain", "runs", run.id, "stop", method="POST", body="{}", request_timeout=300)
+    )
+    said = await poll(jp_fetch, run.id, lambda s: (s["phase"] or "").startswith("stopping"), timeout=60)
+    phase = said["phase"]
+    assert phase.startswith(f"stopping after step {said['step'] + 1}") or "saving a checkpoint" in phase
+    final = json.loads((await stop).body)
+    assert final["state"] == "stopped" and final["resumable"] is True, final
+    ckpt = last_checkpoint(run)
+    assert ckpt is not None and checkpoint_step(ckpt) == final["step"]  # no step lost

@@ -162,6 +162,17 @@ class RunConfig(Strict):
             "broken weights), or continue."
         ),
     )
+    checkpoint_minutes: float = Field(
+        10.0,
+        ge=0,
+        le=10080,
+        description=(
+            "Also save a checkpoint after the step that ends each this many minutes of training (besides "
+            "train: save_steps), so a stop, a crash or running out of memory loses at most that much; 0: "
+            "by steps only."
+        ),
+        examples=[10, 30, 0],
+    )
     name: str | None = Field(
         None,
         description="The run's name (1-64 letters, digits, '.', '_' or '-'); the run id adds a time stamp.",
