@@ -167,6 +167,16 @@ def test_loading_a_yaml_file_that_is_not_a_config_leaves_the_form_and_says_why(
     assert panel.fields["model"].value == "./other"
 
 
+@pytest.mark.parametrize("field", ["model", "data.train"])
+def test_a_nul_typed_into_a_panels_path_field_is_that_fields_problem_not_a_traceback(
+    panel: ConfigPanel, field: str
+) -> None:
+    panel.fields[field].value = "./a\0b"
+    assert panel.settle(60)
+    assert "holds a NUL byte" in panel.problems[field], panel.problems
+    assert panel.general_errors == [], panel.general_errors
+
+
 # ------------------------------------------------------------------- 4. names with a line break
 
 

@@ -75,6 +75,8 @@ def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
         spec, dataset = first.get("path"), first.get("dataset")
     if not isinstance(spec, str) or not spec.strip():
         return Preview(note="set data.train to see its first rows here")
+    if "\0" in spec:  # the field's own problem says so; Path's lookups raise a bare ValueError on one
+        return Preview(note="no preview: the path holds a NUL byte (\\0)")
     columns: dict[str, str] | None = None
     tags: dict[str, str] | None = None
     if isinstance(dataset, str) and dataset:  # a LLaMA-Factory dataset: its file, columns and tags
@@ -100,7 +102,7 @@ def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
 
     out = Preview(mark_trained=bool(section_of(cfg, "train").get("assistant_only_loss")), note=note)
     model = cfg.get("model")
-    if isinstance(model, str) and model.strip():
+    if isinstance(model, str) and model.strip() and "\0" not in model:
         mdir = resolve_path(model, base)
         if mdir.is_dir():
             try:
@@ -296,7 +298,7 @@ def preview_inputs(cfg: Mapping[str, Any], base: Path) -> tuple[Any, ...]:
     data, train = section_of(cfg, "data"), section_of(cfg, "train")
     stamps: list[Any] = []
     for spec in (data.get("train"), cfg.get("model")):
-        if isinstance(spec, str) and spec.strip():
+        if isinstance(spec, str) and spec.strip() and "\0" not in spec:
             p = resolve_path(spec, base)
             for q in (p, p / "chat_template.jinja", p / "tokenizer_config.json"):
                 try:
