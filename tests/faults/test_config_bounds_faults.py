@@ -244,3 +244,22 @@ def test_the_panels_secret_check_answers_a_ten_level_alias_bomb_quickly_in_bound
     # read through the bounded reader, a key given twice still has its secrets looked for
     twice = yamlfile.secret_in("model: a\nmodel: b\nwandb_api_key: abcdef123\n")
     assert twice is not None and "'wandb_api_key' holds a secret" in twice
+
+
+@pytest.mark.parametrize(
+    ("module", "pattern", "good"),
+    [
+        ("nbtrain.control.config.rules.model", "HUB_MODEL", "org/model"),
+        ("nbtrain.control.config.datacheck", "_HUB_ID", "org/data"),
+        ("nbtrain.control.models.hub", "HUB_ID", "org/model"),
+        ("nbtrain.control.jobs.export", "_REPO_ID", "me/merged"),
+        ("nbtrain.ui.panel.saved", "_CELL_ID", "a1b2-c3"),
+        ("nbtrain.ui.server.handlers", "RUN_ID_RE", "20261206-120000-run-abcd"),
+    ],
+)
+def test_an_id_with_a_trailing_newline_is_not_an_id(module: str, pattern: str, good: str) -> None:
+    # `$` also matches before a final newline: "org/x\n" passed as a Hub id, a cell id became a file name
+    import importlib
+
+    rx = getattr(importlib.import_module(module), pattern)
+    assert rx.match(good) and not rx.match(good + "\n")

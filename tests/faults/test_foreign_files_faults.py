@@ -237,3 +237,21 @@ def test_a_launch_json_naming_another_users_live_process_reads_lost_and_signals_
     info = process.read_launch(run.paths)
     assert info is not None and not process.signal_group(info, signal.SIGTERM)
     assert nobodys.is_running() and nobodys.status() != psutil.STATUS_ZOMBIE
+
+
+def test_another_users_finished_run_is_not_moved_to_the_trash(
+    shared_runs: Path,  # noqa: F811 - the fixture imported above
+) -> None:
+    from nbtrain.control.runs.run import trash_run
+
+    run_dir = shared_runs / "20261205-120002-done-abcd"
+    as_nobody(
+        "import json, os, pathlib\n"
+        f"d = pathlib.Path({str(run_dir)!r}); d.mkdir()\n"
+        "(d / 'resolved.json').write_text(json.dumps({'id': d.name, 'name': 'done', 'config': {}}))\n"
+        "(d / 'status.json').write_text(json.dumps({'state': 'completed', 'step': 4}))\n"
+        "for p in [d, *d.iterdir()]: os.chmod(p, 0o777 if p.is_dir() else 0o666)\n"
+    )
+    with pytest.raises(NbtrainError, match=rf"not deleting run .*owned by uid {NOBODY}"):
+        trash_run(Run(run_dir))
+    assert run_dir.is_dir() and not (shared_runs / ".trash").exists()

@@ -32,7 +32,7 @@ from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 
 FORMATS = ("hf", "gguf")
 DTYPES = ("auto", "fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
-_REPO_ID = re.compile(r"^([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
+_REPO_ID = re.compile(r"^([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*\Z")
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+\Z")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TIMEOUT_S = 10.0
 SAMPLE_BYTES = 1 << 20  # the first MiB of a JSON-lines or CSV file holds the sampled rows

@@ -557,6 +557,8 @@ def trash_run(run: Run) -> Path:
 
     Refused for a run that is not finished, or whose directory another process is writing (a resume
     holds its lock): the run is left as it was."""
+    if why := run.paths.not_yours():
+        raise NbtrainError(f"not deleting run {run.id}: {why}")
     st = run.status()
     if not st.done:
         raise NbtrainError(f"run {run.id} is {st.state}: stop it before deleting it")

@@ -24,7 +24,7 @@ from nbtrain.control.config.rules.secrets import HF_TOKEN_VALUE, SECRET_ADVICE, 
 from nbtrain.control.config.yamlsafe import DuplicateKeys, YamlLimit, YamlProblem, load_yaml
 
 MAX_BYTES = 256 * 1024  # a form's YAML is a few hundred bytes; anything far past that is not kept
-_CELL_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+_CELL_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}\Z")
 
 
 def cell_key() -> tuple[str, str] | None:

@@ -45,7 +45,7 @@ T = TypeVar("T")
 
 # Run ids are made by runs.new_run_id: a timestamp, a slug of [A-Za-z0-9._-] and a random suffix. Anything
 # else (a slash, "..", an absolute path, a NUL) is refused before it reaches the registry or the disk.
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 MAX_RECORDS = 5000  # per metrics response; the client continues from the offset it gets back
 # Bytes of metrics.jsonl one request reads at most (a few ms): a file holding a huge line is gone through
 # over several requests, each answered at once, instead of holding a thread for one long read.

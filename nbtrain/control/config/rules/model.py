@@ -11,7 +11,7 @@ from nbtrain.contract.gguf import is_gguf
 from nbtrain.control.config.facts import Facts
 from nbtrain.control.config.problems import Problems
 
-HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # org/name, or a bare name
+HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?\Z")  # org/name, or a bare name
 
 
 def check_model(spec: str, facts: Facts, probs: Problems, gguf_file: Any = None) -> str:
