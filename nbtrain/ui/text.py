@@ -58,6 +58,20 @@ def created_time(run: Run, registered: dict[str, float] | None = None) -> float 
     return registered.get(run.id) or registry.id_time(run.id)
 
 
+def warm_line() -> str | None:
+    """The warm processes this user keeps, under the runs list: how many and the memory they hold."""
+    from nbtrain.control.launch import warm
+
+    rows = warm.status(every_home=True)
+    if not rows:
+        return None
+    held = sum(int(r["rss_bytes"]) for r in rows) / 2**20
+    return (
+        f"{len(rows)} warm process{'es' if len(rows) > 1 else ''} of yours, {held:,.0f} MiB held (idle ones "
+        "exit when memory runs short): %finetune warm status, or warm stop"
+    )
+
+
 def runs_table(runs: list[Run]) -> pd.DataFrame:
     import pandas as pd
 

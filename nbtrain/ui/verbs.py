@@ -258,7 +258,15 @@ def _run_in_terminal(result: Any, a: Args) -> int:
 
 def _list_in_terminal(df: Any, a: Args) -> int:
     print(df.to_string(index=False) if len(df) else "no runs yet")
+    if line := ui_text.warm_line():
+        print(line)
     return 0
+
+
+def _list_in_notebook(df: Any, a: Args) -> Any:
+    if line := ui_text.warm_line():
+        print(line)
+    return df  # the cell's result: the notebook shows it
 
 
 def _stop(a: Args) -> str:
@@ -559,7 +567,7 @@ TABLE: tuple[Verb, ...] = (
         "List runs (a DataFrame in a notebook, a table in a terminal).",
         (),
         lambda a: ui_text.runs_table(start.runs()),
-        _returned,
+        _list_in_notebook,
         _list_in_terminal,
         aliases=("ls",),
     ),

@@ -114,6 +114,12 @@ def test_a_bound_of_two_over_three_environments_in_two_homes_keeps_the_two_most_
         assert held and abs(int(held[1]) - row["rss_bytes"] / 2**20) < 20, line
         assert f"environment {entry['key']} ({sys.executable}, {tmp_path / home / 'warm'})" in line
     assert f"warm process {b['pid']}" not in text
+    # and `%finetune list` says under the runs what they hold together
+    from nbtrain.ui.text import warm_line
+
+    together = re.match(r"2 warm processes of yours, ([\d,]+) MiB held \(idle ones exit", warm_line() or "")
+    total = sum(rows[e["pid"]]["rss_bytes"] for e in (a, c)) / 2**20
+    assert together and abs(int(together[1].replace(",", "")) - total) < 40, warm_line()
 
     # what a run refused for memory asks of them: every idle one exits, its memory given back
     gone = warm.release_idle("a run needs the memory")
