@@ -182,9 +182,40 @@ def _parts(text: str) -> list[dict[str, Any]]:
     return parts
 
 
+def too_many_pixels(width: int, height: int) -> str | None:
+    """What is wrong with an image of ``width`` x ``height`` (read from its header, before it is decoded):
+    more than MAX_IMAGE_PIXELS, the one limit of the kernel's check and the worker; None when within it."""
+    if width * height <= MAX_IMAGE_PIXELS:
+        return None
+    return f"is {width} x {height} pixels, over {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels"
+
+
+def _credentials(url: str) -> list[str]:
+    """The secrets an http(s) URL carries before its host (``http://user:secret@host/``): the user name
+    and password together, and the password (or a lone user name, which is often a token); longest first."""
+    if not url.startswith(("http://", "https://")):
+        return []
+    authority = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    userinfo, at, _ = authority.rpartition("@")
+    if not at or not userinfo:
+        return []
+    user, colon, password = userinfo.partition(":")
+    return sorted({s for s in (userinfo, password if colon else user) if s}, key=len, reverse=True)
+
+
+def hide_credentials(text: str, url: str) -> str:
+    """``text`` (a message, an error from a library about ``url``) with the user name and password that
+    ``url`` carries replaced by ``***``: they are never echoed in an error or a log line."""
+    for secret in _credentials(url):
+        text = text.replace(secret, "***")
+    return text
+
+
 def describe(ref: Any) -> str:
-    """A short name of an image reference for a message: the path or URL, or what kind of data it is."""
+    """A short name of an image reference for a message: the path or URL (a URL's user name and password
+    masked), or what kind of data it is."""
     if isinstance(ref, str):
+        ref = hide_credentials(ref, ref)
         return ref if not ref.startswith("data:") and len(ref) < 300 else f"{ref[:40]}... (inline data)"
     if isinstance(ref, Mapping):
         return str(ref.get("path") or "image bytes")

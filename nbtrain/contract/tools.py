@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbtrain.contract.errors import RowError
+from nbtrain.contract.jsonbound import TooDeep, loads
 
 ROLES = ("system", "user", "assistant", "tool")
 # Other names of those roles that conversations use (OpenAI's legacy function results; ms-swift's tool turns).
@@ -37,7 +38,9 @@ def _json(value: Any, where: str, what: str) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        return json.loads(value)
+        return loads(value)
+    except TooDeep as e:
+        raise RowError(f"{where} is JSON {e}") from None
     except ValueError as e:
         raise RowError(
             f"{where} is not JSON ({getattr(e, 'msg', e)}): {value[:80]!r}; write {what} as JSON"
@@ -88,7 +91,9 @@ def tool_call(value: Any, where: str) -> dict[str, Any]:
     args = fn.get("arguments", fn.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = loads(args) if args.strip() else {}
+        except TooDeep as e:
+            raise RowError(f"{where}.arguments is JSON {e}") from None
         except ValueError as e:
             raise RowError(
                 f"{where}.arguments is not JSON ({getattr(e, 'msg', e)}): {args[:80]!r}; write the arguments "
@@ -264,7 +269,7 @@ def _read_call(raw: Any, known: set[str]) -> dict[str, Any]:
     """One parsed call from its JSON text or object; ValueError naming what is wrong."""
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
+            raw = loads(raw)
         except ValueError as e:
             raise ValueError(
                 f"a tool call that is not valid JSON ({getattr(e, 'msg', e)}): {raw[:80]!r}"
@@ -274,7 +279,7 @@ def _read_call(raw: Any, known: set[str]) -> dict[str, Any]:
     args = raw.get("arguments", raw.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = loads(args) if args.strip() else {}
         except ValueError:
             raise ValueError(f"{raw['name']}'s arguments are not valid JSON: {args[:80]!r}") from None
     if not isinstance(args, Mapping):
@@ -310,7 +315,7 @@ def parse_tool_calls(text: str, style: str | None, tools: list[dict[str, Any]] |
                 raws.append({"name": m.group(1), "arguments": src[m.end() : end].strip()})
         else:
             try:
-                value = json.loads(rest.strip())
+                value = loads(rest.strip())
             except ValueError as e:
                 return ParsedCalls(text, error=f"a tool call that is not valid JSON ({getattr(e, 'msg', e)})")
             raws = value if isinstance(value, list) else [value]

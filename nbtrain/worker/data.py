@@ -9,8 +9,13 @@ does the same lazily, so rows are read as training consumes them.
 
 from __future__ import annotations
 
+import http.client
 import json
+import math
 import os
+import socket
+import ssl
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -327,7 +332,7 @@ def image_entry(ref: Any, base: str | None, where: str) -> dict[str, Any]:
 
     from PIL import Image, UnidentifiedImageError
 
-    from nbtrain.contract.images import MAX_IMAGE_PIXELS, ImageRowError, describe, image_source
+    from nbtrain.contract.images import ImageRowError, describe, image_source, too_many_pixels
 
     try:
         kind, value = image_source(ref, base)
@@ -347,11 +352,8 @@ def image_entry(ref: Any, base: str | None, where: str) -> dict[str, Any]:
         raise DataError(f"{where}: the image {name} is not there (looked for {value}); fix or remove the row")
     try:
         with Image.open(value if kind == "path" else io.BytesIO(value)) as im:
-            if im.width * im.height > MAX_IMAGE_PIXELS:  # from the header: nothing decoded yet
-                raise DataError(
-                    f"{where}: the image {name} is {im.width} x {im.height} pixels, over "
-                    f"{MAX_IMAGE_PIXELS / 1e6:.0f} megapixels; scale it down or remove the row"
-                )
+            if too_big := too_many_pixels(im.width, im.height):  # from the header: nothing decoded yet
+                raise DataError(f"{where}: the image {name} {too_big}; scale it down or remove the row")
             im.verify()
     except DataError:
         raise
@@ -364,10 +366,15 @@ def image_entry(ref: Any, base: str | None, where: str) -> dict[str, Any]:
 
 
 def fetch_image(url: str, where: str) -> bytes:
-    import time
+    """The bytes of an image a row names by URL: its host checked first (contract.images.url_problem, each
+    redirect too), at most MAX_IMAGE_BYTES, all within URL_TIMEOUT s -- one deadline for the whole fetch,
+    the connection, the status line and headers included, so a host that trickles any of it a byte at a
+    time ends with the others. The URL's user name and password are in no message."""
     import urllib.request
 
-    from nbtrain.contract.images import url_problem
+    from nbtrain.contract.images import describe, hide_credentials, url_problem
+
+    shown = describe(url)
 
     class CheckedRedirects(urllib.request.HTTPRedirectHandler):
         """Redirects followed only to hosts the policy allows (a public host may redirect to loopback)."""
@@ -375,35 +382,119 @@ def fetch_image(url: str, where: str) -> bytes:
         def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
             why = url_problem(newurl)
             if why:
-                raise DataError(f"{where}: the image {url} redirects to {newurl}, which {why}")
+                raise DataError(f"{where}: the image {shown} redirects to {describe(newurl)}, which {why}")
             return super().redirect_request(req, fp, code, msg, headers, newurl)
 
     why = url_problem(url)
     if why:
-        raise DataError(f"{where}: the image {url} {why}")
-    deadline = time.monotonic() + URL_TIMEOUT  # for the whole fetch: a server that trickles bytes ends too
+        raise DataError(f"{where}: the image {shown} {why}")
+    deadline = time.monotonic() + URL_TIMEOUT
+
+    def late(size: int) -> DataError:
+        return DataError(
+            f"{where}: the image {shown} took over {URL_TIMEOUT:g} s to fetch ({size} bytes came); fetch it "
+            f"yourself and give its path, or remove the row"
+        )
+
     chunks: list[bytes] = []
     size = 0
-    opener = urllib.request.build_opener(CheckedRedirects())
+    opener = urllib.request.build_opener(CheckedRedirects(), *_deadline_handlers(deadline))
     try:
         with opener.open(url, timeout=URL_TIMEOUT) as resp:  # image_source: http(s) only
             while size <= MAX_IMAGE_BYTES:
                 if time.monotonic() > deadline:
-                    raise DataError(
-                        f"{where}: the image {url} took over {URL_TIMEOUT:.0f} s to fetch ({size} bytes "
-                        f"came); fetch it yourself and give its path, or remove the row"
-                    )
+                    raise late(size)
                 chunk = resp.read1(65536)  # what one read of the socket gives (read() waits for all)
                 if not chunk:
                     break
                 chunks.append(chunk)
                 size += len(chunk)
-    except OSError as e:
-        raise DataError(f"{where}: the image {url} could not be fetched ({e})") from None
+    except (OSError, http.client.HTTPException) as e:
+        if time.monotonic() >= deadline:
+            raise late(size) from None
+        error = hide_credentials(str(e), url)
+        raise DataError(f"{where}: the image {shown} could not be fetched ({error})") from None
     data = b"".join(chunks)
     if len(data) > MAX_IMAGE_BYTES:
-        raise DataError(f"{where}: the image {url} is over {MAX_IMAGE_BYTES // 2**20} MiB")
+        raise DataError(f"{where}: the image {shown} is over {MAX_IMAGE_BYTES // 2**20} MiB")
     return data
+
+
+class _DeadlineSocket:
+    """A socket whose every read waits at most until ``deadline`` (time.monotonic): the time left is its
+    timeout before each read, and none is left after it. Mixed into socket.socket for http and into the
+    SSL socket class for https, below http.client, which reads the status line and each header line by
+    line (a per-read timeout alone lets a byte every few seconds go on for ever)."""
+
+    deadline = math.inf
+
+    def _arm(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the fetch's deadline passed")
+        self.settimeout(left)  # type: ignore[attr-defined]
+
+    def recv(self, *args: Any) -> bytes:
+        self._arm()
+        return super().recv(*args)  # type: ignore[misc]
+
+    def recv_into(self, *args: Any) -> int:
+        self._arm()
+        return super().recv_into(*args)  # type: ignore[misc]
+
+
+class _DeadlinePlainSocket(_DeadlineSocket, socket.socket):
+    pass
+
+
+class _DeadlineSSLSocket(_DeadlineSocket, ssl.SSLSocket):
+    pass
+
+
+def _deadline_handlers(deadline: float) -> list[Any]:
+    """urllib's http and https handlers with every connection held to ``deadline``: the TCP connect and the
+    TLS handshake get the time left as their timeout, every read after them the time then left."""
+    import urllib.request
+
+    def connect(
+        address: Any, timeout: Any = None, source_address: Any = None, **kwargs: Any
+    ) -> socket.socket:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the fetch's deadline passed")
+        raw = socket.create_connection(address, left, source_address)
+        sock = _DeadlinePlainSocket(fileno=raw.detach())
+        sock.deadline = deadline
+        sock._arm()  # the TLS handshake, if any, reads under this timeout
+        return sock
+
+    class HTTP(http.client.HTTPConnection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._create_connection = connect
+
+    class HTTPS(http.client.HTTPSConnection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._create_connection = connect
+
+        def connect(self) -> None:
+            super().connect()
+            if isinstance(self.sock, _DeadlineSocket):
+                self.sock.deadline = deadline
+
+    class HTTPHandler(urllib.request.HTTPHandler):
+        def http_open(self, req: Any) -> Any:
+            return self.do_open(HTTP, req)
+
+    context = ssl.create_default_context()
+    context.sslsocket_class = _DeadlineSSLSocket
+
+    class HTTPSHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req: Any) -> Any:
+            return self.do_open(HTTPS, req, context=context)
+
+    return [HTTPHandler(), HTTPSHandler(context=context)]
 
 
 def preprocessed(ds: Any, preprocess: Preprocess | None) -> Any:

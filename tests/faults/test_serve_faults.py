@@ -184,7 +184,7 @@ def test_max_tokens_past_the_context_is_refused_before_generating_with_openais_c
     [
         (b'{"prompt": "What", "temperature": NaN}', 400, "NaN is not a JSON number"),
         (b'{"prompt": "What", "top_p": Infinity}', 400, "Infinity is not a JSON number"),
-        (b"[" * 200_000, 400, "not valid JSON"),
+        (b"[" * 200_000, 400, "is nested 200000 levels deep, past the 100 levels"),
         (b'"just a string"', 400, "must be a JSON object"),
         (b"\xff\xfe{}", 400, "not valid JSON"),
     ],

@@ -24,11 +24,18 @@ from nbtrain.contract.formats import (
     jsonl_lines,
     to_example,
 )
-from nbtrain.contract.images import ImageRowError, describe, has_images, image_source, url_problem
+from nbtrain.contract.images import (
+    ImageRowError,
+    describe,
+    has_images,
+    image_source,
+    too_many_pixels,
+    url_problem,
+)
 from nbtrain.control.config.datasetinfo import looks_like_info, names_hint, read_info
 
 SAMPLE_ROWS = 1000
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+\Z")
 
 
 @dataclass(frozen=True)
@@ -389,6 +396,8 @@ def image_problem(ref: Any, base: Path) -> str | None:
         return f"is not there (looked for {value})"
     try:
         with Image.open(value if where == "path" else io.BytesIO(value)) as im:
+            if too_big := too_many_pixels(im.width, im.height):  # from the header, as the worker reads it
+                return f"{too_big}, which the run would refuse; scale it down"
             im.load()
     except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
         return f"is not a readable image ({type(e).__name__}: {str(e)[:200]})"

@@ -37,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from nbtrain.contract.jsonbound import TooDeep, loads
 from nbtrain.worker.serve.engine import Cancelled, Engine, Output, Params, Prompt, RequestError
 from nbtrain.worker.serve.limits import error_body
 from nbtrain.worker.serve.tools import HoldCalls, ToolRequest, openai_calls
@@ -109,8 +110,10 @@ async def read_body(request: Request, timeout: float) -> dict[str, Any]:
         chunks.append(chunk)
         got += len(chunk)
     try:
-        body = json.loads(b"".join(chunks), parse_constant=_no_constant)
-    except (ValueError, RecursionError) as e:
+        body = loads(b"".join(chunks), parse_constant=_no_constant)
+    except TooDeep as e:
+        raise RequestError(f"the request body is {e}") from None
+    except ValueError as e:
         raise RequestError(f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
@@ -153,7 +156,7 @@ def plan(engine: Engine, path: str, body: dict[str, Any]) -> Plan:
         texts = prompt if isinstance(prompt, list) else [prompt]
         if not texts:
             raise RequestError("prompt must be a string or a non-empty list of strings", "prompt")
-        prompts = [engine.text_prompt(p, params) for p in texts]
+        prompts = engine.text_prompts(texts, params)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion"}
     head.update(created=int(time.time()), model=engine.names[kind])
     usage = bool((options or {}).get("include_usage"))
@@ -335,6 +338,9 @@ def create_app(
             p = await run_in_threadpool(plan, engine, request.url.path, body)
         except RequestError as e:
             return _failure(e)
+        except Exception as e:  # noqa: BLE001 - a check that failed is a JSON 500, never starlette's text one
+            traceback.print_exc()
+            return _json(500, error_body(f"{type(e).__name__}: {e}", kind="server_error"))
         if p.stream:
             return streamed(p)
         left = threading.Event()

@@ -166,7 +166,7 @@ def request_image(url: Any, where: str, pixels_left: int = MAX_REQUEST_PIXELS) -
 
     from PIL import Image
 
-    from nbtrain.contract.images import ImageRowError, image_source
+    from nbtrain.contract.images import ImageRowError, describe, image_source
 
     if not isinstance(url, str) or not url:
         raise RequestError(f"{where} needs image_url.url: a data: URI or a file: URL", "messages")
@@ -176,7 +176,7 @@ def request_image(url: Any, where: str, pixels_left: int = MAX_REQUEST_PIXELS) -
         raise RequestError(f"{where}: {e}", "messages") from None
     if kind == "url":
         raise RequestError(
-            f"{where}: give the image as a data: URI or a file: URL, not {url[:80]}", "messages"
+            f"{where}: give the image as a data: URI or a file: URL, not {describe(url)[:80]}", "messages"
         )
     too_big = f"{where}: the image is over {MAX_IMAGE_BYTES // 2**20} MiB"
     try:
@@ -533,19 +533,51 @@ class Engine:
         template = getattr(self.tok, "chat_template", None)
         return call_style(template if isinstance(template, str) else None)
 
-    def _no_longer_than_the_context_could_hold(self, chars: int, what: str) -> None:
+    def _no_longer_than_the_context_could_hold(
+        self, chars: int, what: str, param: str | None = None, fix: str = "Please shorten it."
+    ) -> None:
         """A prompt with more characters than the context could hold as tokens (CHARS_PER_TOKEN_AT_MOST
         each, a generous bound) is refused before the tokenizer reads it: a 7.7 MB prompt held the
         tokenizer, and every other request, for 29 s only to be refused after."""
         most = self.context_length * CHARS_PER_TOKEN_AT_MOST
         if chars > most:
             raise RequestError(
-                f"This model's maximum context length is {self.context_length} tokens; the {what} has "
-                f"{chars} characters, more than that many tokens could hold (at most {most}). Please "
-                f"shorten it.",
-                what,
+                f"This model's maximum context length is {self.context_length} tokens; the {what} "
+                f"{'have' if what.endswith('s') else 'has'} {chars} characters, more than that many tokens "
+                f"could hold (at most {most}). {fix}",
+                param or what,
                 code="context_length_exceeded",
             )
+
+    def text_prompts(self, prompts: list[Any], params: Params) -> list[Prompt]:
+        """A completion request's prompts (a string, or a list of them), bounded as one chat's messages
+        are: their characters together checked before any is tokenized, their tokens together at most the
+        context length (each counts at least one: an empty prompt still costs a generation), so a list of
+        100k one-word prompts is one 400, not minutes of tokenizing and generating."""
+        if not all(isinstance(p, str) for p in prompts):
+            raise RequestError("prompt must be a string or a non-empty list of strings", "prompt")
+        chars = sum(map(len, prompts))
+        if len(prompts) == 1:
+            self._no_longer_than_the_context_could_hold(chars, "prompt")
+        else:
+            self._no_longer_than_the_context_could_hold(
+                chars, f"{len(prompts)} prompts", "prompt", "Please send them in several requests."
+            )
+        out: list[Prompt] = []
+        tokens = 0
+        for text in prompts:
+            out.append(self.text_prompt(text, params))
+            tokens += max(1, len(out[-1].ids))
+            if len(prompts) > 1 and tokens > self.context_length:
+                raise RequestError(
+                    f"This model's maximum context length is {self.context_length} tokens; the "
+                    f"{len(prompts)} prompts of this request hold more than that together (over {tokens} "
+                    f"tokens in the first {len(out)}). A request's prompts together fit one context, as a "
+                    f"chat's messages do: send them in several requests.",
+                    "prompt",
+                    code="context_length_exceeded",
+                )
+        return out
 
     def text_prompt(self, prompt: Any, params: Params) -> Prompt:
         if not isinstance(prompt, str):
