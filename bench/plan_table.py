@@ -32,38 +32,32 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from nbtrain.contract.gendoc import write_or_check  # noqa: E402
-from nbtrain.hardware import GPU, Hardware  # noqa: E402
+from nbtrain.hardware import Hardware  # noqa: E402
+from nbtrain.hardware.named import parse  # noqa: E402
 
 DOC = ROOT / "docs" / "plans.md"
 CONFIGS = ROOT / "tests" / "fixtures" / "model_configs"
 GiB = 2**30
-KERNELS = ("liger_kernel", "flash_attn")
 SEQ = 2048
 BATCH = 16
 
 
 @dataclass(frozen=True)
 class Machine:
-    name: str
-    gpu: str  # the NVML name
-    gib: int  # memory per GPU as NVML reports it (a "16 GB" T4 shows 15 GiB)
-    cc: tuple[int, int]
-    ram_gib: dict[int, int]  # GPUs -> host RAM of the usual machine with that many
+    name: str  # its heading in docs/plans.md
+    card: str  # its card in nbtrain.hardware.named, as `nbtrain.estimate(config, on="8xA100-40GB")` names it
 
     def hardware(self, n: int) -> Hardware:
-        gpus = [GPU(i, self.gpu, self.gib * GiB, self.gib * GiB - GiB // 2, self.cc) for i in range(n)]
-        ram = self.ram_gib[n] * GiB
-        avail = ram - 4 * GiB
-        return Hardware(gpus=gpus, cpu_count=8 * n, ram_total=ram, ram_available=avail, kernels=KERNELS)
+        """``n`` of the card on the usual machine with that many (its host RAM): the named hardware
+        ``on="{n}x{card}"`` gives users, so this table and a what-if estimate are one code path."""
+        return parse(f"{n}x{self.card}").hardware()
 
 
-# Host RAM: a Colab T4 VM (12.7 GiB) and an 8 x T4 g4dn.metal (384 GiB); a 4090 workstation and an
-# 8-card server; GCP's a2-highgpu-1g / -8g for the A100 40GB; an H100 80GB VM (a3, 1 or 8 GPUs).
 MACHINES = (
-    Machine("T4 16GB", "Tesla T4", 15, (7, 5), {1: 12, 8: 384}),
-    Machine("RTX 4090 24GB", "NVIDIA GeForce RTX 4090", 24, (8, 9), {1: 64, 8: 512}),
-    Machine("A100 40GB", "NVIDIA A100-SXM4-40GB", 40, (8, 0), {1: 85, 8: 680}),
-    Machine("H100 80GB", "NVIDIA H100 80GB HBM3", 80, (9, 0), {1: 234, 8: 1872}),
+    Machine("T4 16GB", "T4"),
+    Machine("RTX 4090 24GB", "4090"),
+    Machine("A100 40GB", "A100-40GB"),
+    Machine("H100 80GB", "H100-80GB"),
 )
 MODELS = ("Qwen2.5-0.5B", "Meta-Llama-3-8B", "Llama-2-13b", "Meta-Llama-3-70B")
 METHODS = ("auto", "full")

@@ -45,6 +45,7 @@ from nbtrain.control.plan.estimates import compare_table, request_for
 from nbtrain.control.plan.facts import model_config
 from nbtrain.control.plan.fit import Fit, fits
 from nbtrain.control.plan.planner import Plan, estimate_for, make_plan, train_args
+from nbtrain.control.plan.target import where_to_plan
 from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 from nbtrain.hardware import Hardware
 from nbtrain.hardware import probe as probe_hardware
@@ -187,6 +188,7 @@ def prepare(
     *,
     name: str | None = None,
     hardware: Hardware | None = None,
+    on: str | None = None,
     namespace: Mapping[str, Any] | None = None,
     capture_notebook: bool = True,
     enforce_preset: bool = True,
@@ -201,6 +203,9 @@ def prepare(
     ``namespace`` (default: the notebook's) and serialised now, so a bad name fails here, before anything
     starts; ``capture_notebook=False`` leaves them out (a process that cannot see the notebook, a resume:
     its run directory holds them).
+
+    ``on``: plan for hardware the user names instead of this machine ("8xA100-40GB", "2x8xH100-80GB",
+    "1xT4": ``nbtrain.hardware.named``): the plan, estimate and fit rule are those of that hardware.
     """
     preset = find_preset()  # instructor mode: nbtrain.lab.yaml here or above, or $NBTRAIN_PRESET
     ns = (notebook_namespace() if namespace is None else namespace) if capture_notebook else None
@@ -209,13 +214,22 @@ def prepare(
     vision_check(res)
     payload = reward_payload(res, ns) if ns is not None else None
     hook_payload = hooks_payload(res, ns) if ns is not None else None
-    hw = hardware or probe_hardware()
+    try:
+        where = where_to_plan(res, hardware, on)
+    except ValueError as e:  # named hardware nbtrain does not know
+        raise problems_error(res.text, [((), f"on={on!r}: {e}")]) from None
+    hw = where.hardware
+    if where.nodes is not None and where.nodes != res.config.distributed.nodes:
+        d = res.config.distributed.model_copy(update={"nodes": where.nodes})
+        res.config = res.config.model_copy(update={"distributed": d})
     plan = make_plan(res, hw)
-    if not plan.fits and hardware is None:
+    if not where.local:
+        plan.reasons.insert(0, f"planned for {where.source}, not for this machine")
+    if not plan.fits and hardware is None and on is None:
         hw, plan = reclaim_warm_memory(res, hw, plan)
     # the rules over the plan: every refusal they give is raised together, in one error
     refused = accelerator_problems(res.config, plan, hw.accelerator)  # Apple MPS, Ascend NPU
-    refused += cpu_processes_problems(res, plan, hw)
+    refused += cpu_processes_problems(res, plan, hw) if where.local else []
     if hub_note is not None:
         (plan.reasons if plan.estimate is None else res.notes).append(f"model: {hub_note}")
     violations = preset_plan_problems(preset, res, plan) if preset is not None else []
@@ -616,11 +630,11 @@ def check_resumed(prep: Prepared, resolved: Mapping[str, Any], where: Path) -> N
 
 
 def estimate_table(
-    config: str | Path | dict[str, Any], *, hardware: Hardware | None = None
+    config: str | Path | dict[str, Any], *, hardware: Hardware | None = None, on: str | None = None
 ) -> tuple[Prepared, list[dict[str, Any]]]:
     """Will it fit? ``config`` prepared here (preset rules not enforced: an estimate only informs), and every
     method x strategy on this hardware with the fit rule's verdict (empty without the model's config.json)."""
-    prep = prepare(config, hardware=hardware, enforce_preset=False)
+    prep = prepare(config, hardware=hardware, on=on, enforce_preset=False)
     mc = model_config(prep.resolved)
     table: list[dict[str, Any]] = []
     if mc is not None:

@@ -230,7 +230,10 @@ class EstimateReport:
         return f"<pre>{html.escape(self.text())}</pre>"
 
 
-def estimate(config: str | Path | dict[str, Any], *, hardware: Hardware | None = None) -> EstimateReport:
-    """Will it fit? The memory estimate of ``config`` as planned here, and the alternatives."""
-    prep, table = estimate_table(config, hardware=hardware)
+def estimate(
+    config: str | Path | dict[str, Any], *, hardware: Hardware | None = None, on: str | None = None
+) -> EstimateReport:
+    """Will it fit? The memory estimate of ``config`` as planned here (or ``on`` hardware you name:
+    "8xA100-40GB", "2x8xH100-80GB", "1xT4"), and the alternatives."""
+    prep, table = estimate_table(config, hardware=hardware, on=on)
     return EstimateReport(prep, table)

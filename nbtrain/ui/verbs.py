@@ -176,15 +176,22 @@ RUN_OPTIONS: tuple[Arg, ...] = (
     ),
     arg("--estimate", action="store_true", help="memory estimate and alternatives; start nothing"),
     arg("--probe", action="store_true", help="run a few real steps: measured memory and speed"),
+    arg(
+        "--on",
+        default=None,
+        metavar="HARDWARE",
+        help="with --estimate or --dry-run: plan for hardware you name, not this machine (e.g. "
+        "8xA100-40GB, 2x8xH100-80GB, 1xT4, M3-MAX-64GB)",
+    ),
 )
 
 
-def estimate(config: Any) -> Any:
+def estimate(config: Any, on: str | None = None) -> Any:
     """nbtrain.ui.estimate_chart.estimate, imported when first asked for: it draws with plotly, which
     ``%load_ext nbtrain`` does not load."""
     from nbtrain.ui.estimate_chart import estimate as draw
 
-    return draw(config)
+    return draw(config, on=on)
 
 
 def _is_estimate(result: Any) -> bool:
@@ -193,11 +200,16 @@ def _is_estimate(result: Any) -> bool:
 
 
 def _call_run(a: Args) -> Any:
+    if a.on is not None and not (a.estimate or a.dry_run):
+        raise VerbUsageError(
+            f"--on {a.on} plans for hardware other than this machine: add --estimate or --dry-run (a run "
+            "starts here, on this machine's hardware; a SLURM config plans for its partition's nodes)"
+        )
     if a.estimate:
-        return estimate(a.config)
+        return estimate(a.config, on=a.on)
     if a.probe:
         return start.probe(a.config, name=a.name)
-    prep = prepare.prepare(a.config, name=a.name)
+    prep = prepare.prepare(a.config, name=a.name, on=a.on)
     return prep if a.dry_run else run_api.handle(start.start(prep))
 
 
@@ -700,8 +712,17 @@ TABLE: tuple[Verb, ...] = (
     Verb(
         "estimate",
         "Will it fit? Memory estimate of a config file and the alternatives.",
-        (arg("config", help="a .yaml config file (or use %%finetune --estimate with a YAML cell)"),),
-        lambda a: estimate(a.config),
+        (
+            arg("config", help="a .yaml config file (or use %%finetune --estimate with a YAML cell)"),
+            arg(
+                "--on",
+                default=None,
+                metavar="HARDWARE",
+                help="plan for hardware you name, not this machine: 8xA100-40GB, 2x8xH100-80GB, 1xT4, "
+                "4090, L4, A10G, H200, MI300X, M3-MAX-64GB, cpu-16",
+            ),
+        ),
+        lambda a: estimate(a.config, on=a.on),
         lambda r, a: _show_estimate(r),
         _print_text,
     ),
