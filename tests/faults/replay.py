@@ -58,6 +58,25 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
      ("test_a_record_edited_by_hand_or_without_its_run_fails_the_check",)),
     ("example-data writes the format its suffix says", "tests/examples/test_examples.py",
      ("test_alpaca_to_a_csv_file_is_csv_with_the_alpaca_columns",)),
+    # the third audit (issue 57)
+    ("N1: an export into a run, the runs root or NBTRAIN_HOME, or over files no export wrote",
+     "tests/faults/test_export_faults.py", ()),
+    ("a stop of a run whose steps outlast its floor (API, CLI); checkpoints by time; wait on a stopped run",
+     "tests/faults/test_stop_faults.py", ()),
+    ("the sidebar's stop of a slow run", "tests/ui/server/test_handlers.py",
+     ("test_the_sidebars_stop_waits_for_a_slow_step_and_says_so_while_it_does",)),
+    ("N2: a course preset's SLURM limits by every sbatch spelling; requeues within max_time; quoted paths",
+     "tests/faults/test_preset_slurm_faults.py", ()),
+    ("N3: another user's serve.json and tensorboard.json; registry rows that are no run; garbage launch.json",
+     "tests/faults/test_foreign_files_faults.py", ()),
+    ("N4-N6, D8: nested JSON, a trickling image host, a huge picture's header, URL credentials, long prompts",
+     "tests/faults/test_input_bounds_faults.py", ()),
+    ("N7, N8: layer indices, NUL in paths; the panel's Load, Save names and secret check bounded",
+     "tests/faults/test_config_bounds_faults.py", ()),
+    ("idle warm processes bounded per user and gone when memory is short",
+     "tests/faults/test_warm_bounds_faults.py", ()),
+    ("a live view never draws one panel ahead of another", "tests/ui/test_dashboard.py",
+     ("test_a_view_draws_each_poll_whole_never_one_panel_ahead_of_another",)),
 ]  # fmt: skip
 
 
