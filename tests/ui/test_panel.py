@@ -580,12 +580,17 @@ def test_launch_starts_a_real_run_that_completes(workdir: Path, make_panel: type
     assert st.state == "completed" and st.step == 3
     assert api.last_run() == run
     _wait_for("the dashboard's loss curve", lambda: _loss_points(p) == 3)
-    _wait_for("Stop disabled once the run ended", lambda: p.stop_button.disabled)
-    assert "completed" in p.status_message
+    # each wait covers the whole state it asserts: the panel's thread sets these one after another
+    _wait_for(
+        "Stop disabled once the run ended, said",
+        lambda: p.stop_button.disabled and "completed" in p.status_message,
+    )
     # then the run's export form, under its dashboard
-    _wait_for("the export form", lambda: p.export_box is not None)
+    _wait_for(
+        "the export form, under the dashboard",
+        lambda: p.export_box is not None and p.export_area.children == (p.export_box.box,),
+    )
     assert p.export_box is not None and p.export_box.run.dir == run.dir and p.export_box.error is None
-    assert p.export_area.children == (p.export_box.box,)
 
 
 @pytest.mark.slow
