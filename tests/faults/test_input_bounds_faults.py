@@ -225,3 +225,14 @@ def test_an_image_urls_user_name_and_password_are_in_no_error(
     assert all("secret" not in s and "user:" not in s for s in said), said
     assert all("http://***@127.0.0.1" in s for s in said[:2]) and "http://***@10.1.2.3/a.png" in said[2], said
     assert "could not be fetched" in said[0] and "10.1.2.3 (10.1.2.3), a private address" in said[2], said
+
+
+def test_the_panels_preview_makes_no_thumbnail_of_a_huge_picture_and_never_decodes_it(tmp_path: Path) -> None:
+    from nbtrain.ui.panel.datapreview import thumbnails
+
+    (tmp_path / "bomb.png").write_bytes(png(12000, 12000))
+    (tmp_path / "dot.png").write_bytes(png(32, 32))
+    before = psutil.Process().memory_info().rss
+    made = thumbnails(["bomb.png", "dot.png"], tmp_path)
+    assert len(made) == 1 and made[0].startswith("data:image/png;base64,")  # the small one alone
+    assert psutil.Process().memory_info().rss - before < 100 * 2**20  # 144 megapixels never decoded

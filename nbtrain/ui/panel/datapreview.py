@@ -215,7 +215,7 @@ def thumbnails(refs: list[Any], base: Path, most: int = 4) -> list[str]:
 
     from PIL import Image
 
-    from nbtrain.contract.images import ImageRowError, image_source
+    from nbtrain.contract.images import ImageRowError, image_source, too_many_pixels
 
     out = []
     for ref in refs[:most]:
@@ -224,8 +224,10 @@ def thumbnails(refs: list[Any], base: Path, most: int = 4) -> list[str]:
             if kind not in ("path", "bytes"):
                 continue
             with Image.open(value if kind == "path" else io.BytesIO(value)) as im:
+                if too_many_pixels(*im.size):  # from the header: never decoded (the row's check says so)
+                    continue
+                im.thumbnail((64, 64))  # shrunk while decoding where the format allows (JPEG's draft)
                 small = im.convert("RGB")
-            small.thumbnail((64, 64))
             buf = io.BytesIO()
             small.save(buf, format="PNG")
         except (ImageRowError, OSError, ValueError):
