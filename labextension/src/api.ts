@@ -21,6 +21,8 @@ export interface IRunInfo {
   state: string;
   // While starting: what the worker is doing ("downloading model org/x 3.1 / 15.2 GB, 40 MB/s").
   phase: string | null;
+  // A stop is under way: asked for, and the run is finishing its step and saving its checkpoint.
+  stopping?: boolean;
   done: boolean;
   step: number;
   max_steps: number | null;

@@ -5,7 +5,15 @@
 import { Widget } from '@lumino/widgets';
 
 import { IRunInfo, requestAPI } from './api';
-import { axisLabel, chartGeometry, ISeries, progressFraction, stepsText, waitingText } from './logic';
+import {
+  axisLabel,
+  chartGeometry,
+  chipState,
+  ISeries,
+  progressFraction,
+  stepsText,
+  waitingText
+} from './logic';
 
 export const POLL_MS = 2000; // while the run is active; an ended run is read every ENDED_POLL_MS (it may resume)
 export const ENDED_POLL_MS = 10000;
@@ -157,7 +165,7 @@ export abstract class FollowedRun extends Widget {
     const logged = Object.values(points).some(p => p.length > 0);
     const frac = run.state === 'completed' ? 1 : progressFraction(run.step, run.max_steps);
     this.setState(
-      run.state,
+      chipState(run.state, !!run.stopping),
       logged ? run.phase ?? stepsText(step, run.max_steps) : waitingText(run.state, run.phase),
       frac
     );

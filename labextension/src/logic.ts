@@ -175,6 +175,19 @@ export function waitingText(state: string, phase: string | null): string {
   return words[state] ?? state;
 }
 
+/**
+ * The state a run's chip shows: "stopping" from the moment a stop is asked for (the run still finishes its
+ * step and saves a checkpoint, its status says "running" meanwhile), else the run's own state.
+ */
+/** The Stop button's tooltip, and its tooltip while the stop is under way (sidebar and run page). */
+export const STOP_TIP = 'Finish the step in progress, save a checkpoint, then stop (Resume continues from it)';
+export const STOPPING_TIP =
+  'Stopping: finishing the step in progress, then saving a checkpoint (Resume continues from it)';
+
+export function chipState(state: string, stopping: boolean): string {
+  return stopping && (state === 'running' || state === 'stopping') ? 'stopping' : state;
+}
+
 export function stepsText(step: number, maxSteps: number | null): string {
   return maxSteps ? `step ${step}/${maxSteps}` : `step ${step}`;
 }

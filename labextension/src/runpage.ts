@@ -6,6 +6,7 @@ import { showErrorMessage } from '@jupyterlab/apputils';
 
 import { IRunInfo, RunAction, requestAPI, runAction } from './api';
 import { chartBoxes, ENDED_POLL_MS, FollowedRun, headHTML, POLL_MS, renderCharts, RunFollower } from './follow';
+import { STOP_TIP, STOPPING_TIP } from './logic';
 
 const CHART_W = 320;
 const CHART_H = 120;
@@ -80,6 +81,10 @@ export class RunPage extends FollowedRun {
       b.disabled = this._busy;
     };
     show('.nbtrain-stop', !run.done);
+    const stop = this.q('.nbtrain-stop') as HTMLButtonElement;
+    stop.disabled ||= !!run.stopping;
+    stop.textContent = run.stopping ? 'Stopping…' : 'Stop';
+    stop.title = run.stopping ? STOPPING_TIP : STOP_TIP;
     show('.nbtrain-resume', run.resumable);
     show('.nbtrain-server-stop', !!run.server?.url);
     renderCharts(this.node, this._follower.points, CHART_W, CHART_H);

@@ -10,6 +10,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IRunInfo, RunAction, runAction } from './api';
 import {
+  chipState,
   FOLD_FINISHED_OVER,
   formatBytes,
   groupRuns,
@@ -17,6 +18,8 @@ import {
   progressFraction,
   sparklinePath,
   startedText,
+  STOP_TIP,
+  STOPPING_TIP,
   stepsText
 } from './logic';
 import { RunsModel } from './model';
@@ -241,8 +244,7 @@ export class RunsSidebar extends Widget {
           title="Stop this run's model server (its process group; the run itself is not touched)">Stop server</button>
       </div>
       <div class="nbtrain-actions">
-        <button class="jp-mod-styled nbtrain-stop" data-action="stop"
-          title="Stop after the current step (it saves a checkpoint first)">Stop</button>
+        <button class="jp-mod-styled nbtrain-stop" data-action="stop">Stop</button>
         <button class="jp-mod-styled nbtrain-checkpoint" data-action="checkpoint"
           title="Save a checkpoint after the current step and keep training">Checkpoint</button>
         <button class="jp-mod-styled nbtrain-resume" data-action="resume">Resume</button>
@@ -276,9 +278,14 @@ export class RunsSidebar extends Widget {
     const b = (sel: string) => row.querySelector(sel) as HTMLButtonElement;
     q('.nbtrain-run-name').textContent = run.name;
     q('.nbtrain-run-name').title = run.name;
+    // From the click on Stop (here or anywhere else) until the run has stopped, the chip says "stopping",
+    // the steps line what it waits for ("stopping after step 4, ~3 s") and Stop "Stopping…".
+    const busy = this._busy.get(run.id);
+    const stopping = busy === 'stop' || !!run.stopping;
+    const chip = chipState(run.state, stopping);
     const state = q('.nbtrain-state');
-    state.textContent = run.state;
-    state.className = `nbtrain-state nbtrain-state-${run.state}`;
+    state.textContent = chip;
+    state.className = `nbtrain-state nbtrain-state-${chip}`;
     q('.nbtrain-run-id').textContent = run.id;
     q('.nbtrain-run-id').title = `${run.id}\n${run.run_dir}`;
     const started = startedText(run.created);
@@ -289,6 +296,7 @@ export class RunsSidebar extends Widget {
     q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
     row.dataset.state = run.state;
     row.dataset.done = String(run.done);
+    row.dataset.stopping = String(stopping);
     row.dataset.resumable = String(run.resumable);
     q('.nbtrain-steps').textContent = run.phase ?? stepsText(run.step, run.max_steps);
     // Before the first step the phase line takes the whole width (no sparkline or loss yet).
@@ -303,16 +311,17 @@ export class RunsSidebar extends Widget {
 
     // Each button's words follow the run's state and this sidebar's request, never a label kept from
     // before: a run that has stopped shows no "Stopping…", and a finished run no Stop at all.
-    const busy = this._busy.get(run.id);
     const show = (button: HTMLButtonElement, on: boolean) => {
       button.style.display = on ? '' : 'none';
     };
     const stop = b('.nbtrain-stop');
     show(stop, !run.done);
-    stop.disabled = !!busy;
-    stop.textContent = busy === 'stop' ? 'Stopping…' : 'Stop';
+    stop.disabled = !!busy || stopping;
+    stop.textContent = stopping ? 'Stopping…' : 'Stop';
+    stop.title = stopping ? STOPPING_TIP : STOP_TIP;
+    // A stop saves a checkpoint itself: no Checkpoint button beside it meanwhile (the row keeps one line).
     const checkpoint = b('.nbtrain-checkpoint');
-    show(checkpoint, run.state === 'running');
+    show(checkpoint, run.state === 'running' && !stopping);
     checkpoint.disabled = !!busy;
     checkpoint.textContent = busy === 'checkpoint' ? 'Requesting…' : 'Checkpoint';
     // Resume only where it can continue (stopped or failed, with a complete checkpoint); elsewhere a

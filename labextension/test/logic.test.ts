@@ -7,6 +7,7 @@ import {
   attachSource,
   axisLabel,
   chartGeometry,
+  chipState,
   completeFinetune,
   gpuTooltip,
   keysFor,
@@ -212,4 +213,12 @@ test('a view with no logged step says what the run is doing, in the dashboard\'s
   assert.equal(waitingText('running', null), 'training: waiting for the first logged step');
   assert.equal(waitingText('queued', null), 'queued: waiting to start');
   assert.equal(waitingText('weird', null), 'weird');
+});
+
+test('a run being stopped reads stopping until it has stopped', () => {
+  assert.equal(chipState('running', true), 'stopping');
+  assert.equal(chipState('stopping', true), 'stopping');
+  assert.equal(chipState('running', false), 'running');
+  assert.equal(chipState('stopped', true), 'stopped'); // a poll that saw the end first
+  assert.equal(chipState('queued', true), 'queued'); // a queued job is cancelled, not stopped after a step
 });

@@ -12,12 +12,13 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nbtrain.contract.rundir import lock_run, write_status
+from nbtrain.contract.rundir import RunPaths, lock_run, write_status
 from nbtrain.hardware import probe
 from tests.browser.conftest import lab_page, write_notebook
 from tests.conftest import ROOT
@@ -140,6 +141,21 @@ def test_sidebar_lists_groups_filters_stops_resumes_and_deletes_runs(
         expect(page.locator("#nbtrain-runs")).to_be_hidden()
         status.click()
         expect(page.locator("#nbtrain-runs")).to_be_visible()
+
+        # A stop under way (asked from anywhere: here the notebook's run.stop()), waiting for a 70 s step:
+        # the card says what it waits for, Stop reads Stopping… and no Checkpoint sits beside it.
+        demo = RunPaths(tmp_path / "runs" / "20250101-000000-demo-abcd")
+        write_status(demo, "running", step_seconds=70.0, step_ended=time.time())
+        demo.control_file("stop").write_text("", encoding="utf-8")
+        expect(row.locator(".nbtrain-state")).to_have_text("stopping", timeout=10_000)
+        expect(row.locator(".nbtrain-steps")).to_have_text(re.compile(r"^stopping after step 5, ~\d+ s$"))
+        expect(row.locator(".nbtrain-stop")).to_have_text("Stopping…")
+        expect(row.locator(".nbtrain-stop")).to_be_disabled()
+        expect(row.locator(".nbtrain-checkpoint")).to_be_hidden()
+        page.locator("#nbtrain-runs").screenshot(path=str(shots / "sidebar-stopping.png"))
+        demo.control_file("stop").unlink()
+        write_status(demo, "running", step_seconds=None, step_ended=None)
+        expect(row.locator(".nbtrain-steps")).to_have_text("step 4/10", timeout=10_000)
 
         # Stop goes through ServerConnection, so it carries the XSRF header the server checks on POST.
         row.locator(".nbtrain-stop").click()

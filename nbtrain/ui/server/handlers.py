@@ -208,6 +208,7 @@ def _status_dict(run: Run, row: registry.Row, st: RunStatus) -> dict[str, Any]:
         "resume_note": resume_note,
         "state": st.state,
         "phase": st.phase_text(),  # while starting: "downloading model org/x 3.1 / 15.2 GB, 40 MB/s", ...
+        "stopping": st.stop_text() is not None,  # a stop is under way (the chip and Stop say so)
         "done": st.done,
         "step": st.step,
         "max_steps": st.max_steps,

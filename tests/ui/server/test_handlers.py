@@ -478,6 +478,7 @@ async def test_the_sidebars_stop_waits_for_a_slow_step_and_says_so_while_it_does
     )
     said = await poll(jp_fetch, run.id, lambda s: (s["phase"] or "").startswith("stopping"), timeout=60)
     phase = said["phase"]
+    assert said["stopping"] is True  # the chip says "stopping" and Stop "Stopping…" (any client, any tab)
     assert phase.startswith(f"stopping after step {said['step'] + 1}") or "saving a checkpoint" in phase
     final = json.loads((await stop).body)
     assert final["state"] == "stopped" and final["resumable"] is True, final
