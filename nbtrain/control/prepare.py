@@ -1,7 +1,11 @@
 """The one validation entry: validate and plan a config, with no side effects.
 
-    prepare(config)   load_config (+ the lab preset's rules) -> plan -> checks that need the plan
-                      (batch sizes, the preset's memory cap) -> Prepared, or ConfigError with every problem
+    prepare(config)   parse -> facts and config rules (load_config, + the lab preset's) -> the hardware
+                      (this machine, named, a SLURM partition's nodes: plan/target.py) -> plan -> rules
+                      over the plan (batch sizes, the preset's memory cap) -> fit -> Prepared, or one
+                      ConfigError raised once with every stage's problems (a stage that finds some lets
+                      the later ones look wherever they can; the fit verdict joins others, alone it is
+                      start's refusal)
     validate(config)  every problem that would stop ``start``: prepare's, and the fit rule's refusal
     estimate(config)  prepare, plus every method x strategy on this machine judged by the same fit rule
 
@@ -19,7 +23,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nbtrain.contract import __version__, hooks, rewards
 from nbtrain.contract.errors import ConfigError, NbtrainError, Problem, RunNotFound
@@ -45,12 +49,13 @@ from nbtrain.control.plan.estimates import compare_table, request_for
 from nbtrain.control.plan.facts import model_config
 from nbtrain.control.plan.fit import Fit, fits
 from nbtrain.control.plan.planner import Plan, estimate_for, make_plan, train_args
-from nbtrain.control.plan.target import where_to_plan
+from nbtrain.control.plan.target import Where, where_to_plan
 from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 from nbtrain.hardware import Hardware
 from nbtrain.hardware import probe as probe_hardware
 
 Items = list[tuple[tuple[str | int, ...], str]]  # (key path, message), as problems_error takes
+T = TypeVar("T")
 
 
 @dataclass
@@ -209,15 +214,52 @@ def prepare(
     """
     preset = find_preset()  # instructor mode: nbtrain.lab.yaml here or above, or $NBTRAIN_PRESET
     ns = (notebook_namespace() if namespace is None else namespace) if capture_notebook else None
-    res = load_config(config, name=name, preset=preset, namespace=ns, runs=RegisteredRuns())
-    hub_note = hub_model_check(res)
-    vision_check(res)
-    payload = reward_payload(res, ns) if ns is not None else None
-    hook_payload = hooks_payload(res, ns) if ns is not None else None
+    # Every stage's problems, raised together once at the end: a stage that finds some leaves the later
+    # ones to look too wherever they can go on without what it gives.
+    problems: list[Problem] = []
+    res = load_config(
+        config, name=name, preset=preset, namespace=ns, runs=RegisteredRuns(), deferred=problems
+    )
+
+    def stage(fn: Callable[[], T]) -> T | None:
+        try:
+            return fn()
+        except ConfigError as e:
+            problems.extend(e.problems)
+            return None
+
+    hub_note = stage(lambda: hub_model_check(res))
+    stage(lambda: vision_check(res))
+    payload = stage(lambda: reward_payload(res, ns)) if ns is not None else None
+    hook_payload = stage(lambda: hooks_payload(res, ns)) if ns is not None else None
+    where = stage(lambda: _where(res, hardware, on))
+    planned = None
+    if where is not None:
+        planned = _plan_stage(res, where, preset, enforce_preset, hub_note, problems)
+    if problems:
+        raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path)))
+    assert planned is not None  # a stage that gave nothing has said why in ``problems``
+    plan, hw, args, src = planned
+    return Prepared(res, plan, hw, args, rewards=payload, hooks=hook_payload, preset=preset, gguf=src)
+
+
+def _where(res: Resolved, hardware: Hardware | None, on: str | None) -> Where:
     try:
-        where = where_to_plan(res, hardware, on)
+        return where_to_plan(res, hardware, on)
     except ValueError as e:  # named hardware nbtrain does not know
         raise problems_error(res.text, [((), f"on={on!r}: {e}")]) from None
+
+
+def _plan_stage(
+    res: Resolved,
+    where: Where,
+    preset: Preset | None,
+    enforce_preset: bool,
+    hub_note: str | None,
+    problems: list[Problem],
+) -> tuple[Plan, Hardware, dict[str, Any], dict[str, Any] | None] | None:
+    """Plan ``res`` for ``where``'s hardware and apply the rules over the plan; their problems (and, when
+    there are others, the fit rule's verdict) go to ``problems``. None when it cannot plan."""
     hw = where.hardware
     if where.nodes is not None and where.nodes != res.config.distributed.nodes:
         d = res.config.distributed.model_copy(update={"nodes": where.nodes})
@@ -225,9 +267,8 @@ def prepare(
     plan = make_plan(res, hw)
     if not where.local:
         plan.reasons.insert(0, f"planned for {where.source}, not for this machine")
-    if not plan.fits and hardware is None and on is None:
+    if not plan.fits and where.source == "this machine" and not problems:
         hw, plan = reclaim_warm_memory(res, hw, plan)
-    # the rules over the plan: every refusal they give is raised together, in one error
     refused = accelerator_problems(res.config, plan, hw.accelerator)  # Apple MPS, Ascend NPU
     refused += cpu_processes_problems(res, plan, hw) if where.local else []
     if hub_note is not None:
@@ -247,11 +288,22 @@ def prepare(
         res.notes += [f"lab preset: {p.source}" for p in preset.chain()]
     refused += planned_problems(res, args, plan.world_size)
     if refused:
-        raise problems_error(res.text, refused)
-    if plan.strategy.startswith("zero"):
-        plan.deepspeed = deepspeed_config(res, plan, args)
-    src = gguf_source(res, plan.precision)
-    return Prepared(res, plan, hw, args, rewards=payload, hooks=hook_payload, preset=preset, gguf=src)
+        problems.extend(problems_error(res.text, refused).problems)
+    if problems and not plan.fits and enforce_preset:
+        # alone, a plan that does not fit is start's refusal (a dry run and the estimate still show it);
+        # beside other problems it is one of them, so one error says everything that stands in the way
+        problems.append(Problem("", f"it would not fit: {plan.fit_advice}"))
+    if problems:
+        return None
+    src: dict[str, Any] | None = None
+    try:
+        if plan.strategy.startswith("zero"):
+            plan.deepspeed = deepspeed_config(res, plan, args)
+        src = gguf_source(res, plan.precision)
+    except ConfigError as e:
+        problems.extend(e.problems)
+        return None
+    return plan, hw, args, src
 
 
 def reclaim_warm_memory(res: Resolved, hw: Hardware, plan: Plan) -> tuple[Hardware, Plan]:

@@ -157,3 +157,27 @@ def test_prepare_reads_the_models_config_json_once_for_every_stage(
     prep = prepare(config("Qwen2.5-7B", "full", "zero3", "optimizer", processes=2), hardware=machine)
     assert prep.memory() is not None and prep.plan.strategy == "zero3"  # plan, vision check, estimate
     assert reads == [str(CONFIGS / "Qwen2.5-7B")]
+
+
+def test_a_schema_problem_a_preset_violation_and_a_plan_that_does_not_fit_come_in_one_error(
+    workdir: Path,
+) -> None:
+    """prepare raises once, with every stage's problems where the earlier stages let the later ones look:
+    the schema's (the key left out, the rest planned), the course preset's, and the fit rule's verdict."""
+    from nbtrain.control.config.preset import PRESET_FILE
+    from tests.conftest import lora_yaml
+
+    (workdir / PRESET_FILE).write_text("methods: [qlora]\n", encoding="utf-8")
+    text = lora_yaml(3).replace("  logging_steps: 1\n", "  logging_steps: 1\nlora: {r: big}\n")
+    tiny_ram = Hardware(cpu_count=2, ram_total=1 * GiB, ram_available=2**20)  # 1 MiB free: nothing fits
+    with pytest.raises(ConfigError) as e:
+        prepare(text, hardware=tiny_ram)
+    said = {p.path: p.message for p in e.value.problems}
+    assert "big" in said["lora.r"]  # the schema's
+    assert "'lora' is not allowed" in said["method"] and "rule 'methods'" in said["method"]  # the preset's
+    assert said[""].startswith("it would not fit: ") and "RAM" in said[""]  # the fit rule's
+    assert len(e.value.problems) == 3
+    # alone, a plan that does not fit is still a plan (a dry run shows it; start refuses it)
+    (workdir / PRESET_FILE).unlink()
+    prep = prepare(lora_yaml(3), hardware=tiny_ram)
+    assert not prep.plan.fits and launch_refusal(prep) is not None

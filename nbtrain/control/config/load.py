@@ -94,6 +94,36 @@ class ConfigRules(Protocol):
     ) -> list[tuple[tuple[str | int, ...], str]]: ...
 
 
+# The keys the later stages read the world through (the model's files or Hub repo, the data): a problem
+# with one of them leaves nothing sound for those stages to look at.
+_WORLD_KEYS = ("model", "gguf_file", "revision", "data", "trust_remote_code")
+
+
+def _world_read(probs: Problems) -> bool:
+    return not any(p.path.split(".")[0].split("[")[0] in _WORLD_KEYS for p in probs.items)
+
+
+def _without_problem_keys(raw: dict[str, Any], error: ValidationError) -> RunConfig | None:
+    """The config with each key its schema problems name left out (each then takes its default), for the
+    later stages to look at (the problems themselves are reported); None when it still does not parse."""
+    import copy
+
+    relaxed = copy.deepcopy(raw)
+    for e in error.errors():
+        loc = [k for k in e["loc"] if isinstance(k, str | int)]
+        node: Any = relaxed
+        for key in loc[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and loc:
+            node.pop(loc[-1], None)
+        elif loc and isinstance(loc[0], str):
+            relaxed.pop(loc[0], None)
+    try:
+        return RunConfig.model_validate(relaxed)
+    except ValidationError:
+        return None
+
+
 def load_config(
     source: str | Path | dict[str, Any],
     *,
@@ -101,8 +131,14 @@ def load_config(
     preset: ConfigRules | None = None,
     namespace: Mapping[str, Any] | None = None,
     runs: RunLookup | None = None,
+    deferred: list[Problem] | None = None,
 ) -> Resolved:
     """Validate a config and everything it points at; raise ConfigError listing every problem.
+
+    ``deferred`` (prepare's): where the later stages can still go on -- the config parses once the keys
+    its schema problems name are left out, and its training data was read -- the problems are added to
+    it and the config so far is returned, so the plan's, the preset's and the fit rule's problems join them
+    in the one error prepare raises.
 
     With a lab ``preset`` (nbtrain.control.config.preset), what it fixes and the config leaves out is
     filled in first, and its violations are reported with the other problems. ``namespace``: the
@@ -146,6 +182,8 @@ def load_config(
         cfg = RunConfig.model_validate(raw)
     except ValidationError as e:
         schema_problems(e, raw, probs)
+        if deferred is not None:
+            cfg = _without_problem_keys(raw, e)
 
     # The checks below look at the world. They run on whatever parts parsed, so one pass reports
     # every problem it can, not only the schema's.
@@ -236,7 +274,9 @@ def load_config(
             probs.add(("method",), f"method: qlora needs bitsandbytes: {why}")
     for path, message in preset_items:
         probs.add(path, message)
-    if probs.items or cfg is None:
+    if probs.items and deferred is not None and cfg is not None and train_sources and _world_read(probs):
+        deferred.extend(probs.items)  # the stages after this one can still look: prepare raises them all
+    elif probs.items or cfg is None:
         raise ConfigError(sorted(probs.items, key=lambda p: (p.line or 0, p.path)))
     train_src, eval_src = train_sources[0], sources.get("eval")
 
