@@ -16,22 +16,11 @@ from typing import Any
 import pytest
 
 import nbtrain
-from nbtrain.contract.errors import ConfigError, Problem
+from nbtrain.contract.errors import ConfigError
 from nbtrain.control.prepare import validate
 from nbtrain.ui.panel import ConfigPanel, yamlfile
 from tests.conftest import ROOT, lora_yaml
-
-
-def problem_at(config: str, path: str) -> Problem:
-    """The one problem ``validate`` (what the panel and the server show) reports at ``path``."""
-    problems = validate(config)
-    found = [p for p in problems if p.path == path]
-    assert found, f"no problem at {path}: {problems}"
-    return found[0]
-
-
-def line_of(config: str, text: str) -> int:
-    return next(i for i, ln in enumerate(config.splitlines(), 1) if text in ln)
+from tests.faults.test_config_faults import line_of, problem_at
 
 
 def refused_before_start(config: str, **kwargs: Any) -> None:

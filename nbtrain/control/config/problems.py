@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
@@ -298,6 +299,25 @@ def schema_problems(err: ValidationError, raw: Any, probs: Problems) -> None:
             msg = e["msg"]
             msg = msg.removeprefix("Value error, ")
             probs.add(loc, f"{msg} (got {value!r})" if not isinstance(value, dict) else msg)
+
+
+def config_values(raw: Any) -> Iterator[tuple[tuple[str | int, ...], Any]]:
+    """Every value of a parsed config with its key path, each mapping and list that YAML aliases share
+    looked into once (an alias bomb's repeats are not walked again): the walk of the rules that look at
+    every value (secrets, NUL bytes)."""
+    seen: set[int] = set()
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), raw)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict | list):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+        yield path, value
+        if isinstance(value, dict):
+            stack.extend(((*path, str(k)), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend(((*path, i), v) for i, v in enumerate(value))
 
 
 def problems_error(text: str, items: list[tuple[tuple[str | int, ...], str]]) -> ConfigError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbtrain.control.config.problems import Problems
+from nbtrain.control.config.problems import Problems, config_values
 
 NUL_FIX = 'remove the \\0 (a double-quoted YAML string reads "\\0" as that byte)'
 
@@ -17,19 +17,8 @@ NUL_FIX = 'remove the \\0 (a double-quoted YAML string reads "\\0" as that byte)
 def nul_problems(raw: dict[str, Any], probs: Problems) -> bool:
     """Add a problem for each text value of ``raw`` holding a NUL byte; whether there was one."""
     found = False
-    seen: set[int] = set()  # a shared (aliased) value is looked at once
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), raw)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, dict | list):
-            if id(value) in seen:
-                continue
-            seen.add(id(value))
-        if isinstance(value, dict):
-            stack.extend(((*path, str(k)), v) for k, v in value.items())
-        elif isinstance(value, list):
-            stack.extend(((*path, i), v) for i, v in enumerate(value))
-        elif isinstance(value, str) and "\0" in value:
+    for path, value in config_values(raw):
+        if isinstance(value, str) and "\0" in value:
             where = "no file name, path, Hub id or name can hold"
             probs.add(path, f"{value!r} holds a NUL byte (\\0), which {where}: {NUL_FIX}")
             found = True

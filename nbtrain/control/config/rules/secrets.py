@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from nbtrain.control.config.problems import Problems
+from nbtrain.control.config.problems import Problems, config_values
 
 # Keys whose text value is a credential. Tokenizer settings (pad_token, eos_token, ...) are not.
 _SECRET_KEYS = frozenset(
@@ -33,21 +33,11 @@ def is_secret_key(key: str) -> bool:
 def secret_problems(raw: dict[str, Any], probs: Problems) -> None:
     """Refuse credentials anywhere in the config (a secret-named key with a text value, or a value that
     is a Hugging Face token), without repeating them."""
-    seen: set[int] = set()  # a shared (aliased) value is looked at once
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), raw)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, dict | list):
-            if id(value) in seen:
-                continue
-            seen.add(id(value))
-        if isinstance(value, dict):
-            for k, v in value.items():
-                if isinstance(v, str) and v.strip() and is_secret_key(str(k)):
-                    probs.add((*path, str(k)), f"'{k}' holds a secret: {SECRET_ADVICE}", secret=v)
-                else:
-                    stack.append(((*path, str(k)), v))
-        elif isinstance(value, list):
-            stack.extend(((*path, i), v) for i, v in enumerate(value))
-        elif isinstance(value, str) and (m := HF_TOKEN_VALUE.search(value)):
+    for path, value in config_values(raw):
+        if not isinstance(value, str):
+            continue
+        key = path[-1] if path else None
+        if isinstance(key, str) and value.strip() and is_secret_key(key):
+            probs.add(path, f"'{key}' holds a secret: {SECRET_ADVICE}", secret=value)
+        elif m := HF_TOKEN_VALUE.search(value):
             probs.add(path, f"this value holds a Hugging Face token: {SECRET_ADVICE}", secret=m.group(0))
