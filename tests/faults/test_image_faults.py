@@ -79,9 +79,9 @@ def test_a_huge_picture_in_the_data_is_refused_naming_the_row(tmp_path: Path) ->
         image_entry("bomb.png", str(tmp_path), "row 7")
 
 
-@pytest.fixture
-def trickling_server() -> Iterator[str]:
-    """An HTTP server on loopback that sends its headers, then one byte of the body every 0.2 s."""
+def trickle(head: bytes, trickled: bytes, every: float, most: float = 30.0) -> Iterator[str]:
+    """An HTTP server on loopback for one request: ``head`` at once, then ``trickled`` a byte every
+    ``every`` s (for ``most`` s at the longest); yields its URL."""
     srv = socket.create_server(("127.0.0.1", 0))
     done = threading.Event()
 
@@ -89,18 +89,28 @@ def trickling_server() -> Iterator[str]:
         conn, _ = srv.accept()
         with conn:
             conn.recv(4096)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n")
-            while not done.is_set():
+            conn.sendall(head)
+            stop = time.monotonic() + most
+            for byte in trickled:
+                if done.is_set() or time.monotonic() > stop:
+                    return
                 try:
-                    conn.sendall(b"\x00")
+                    conn.sendall(bytes([byte]))
                 except OSError:
                     return
-                time.sleep(0.2)
+                time.sleep(every)
 
     threading.Thread(target=serve, daemon=True).start()
     yield f"http://127.0.0.1:{srv.getsockname()[1]}/slow.png"
     done.set()
     srv.close()
+
+
+@pytest.fixture
+def trickling_server() -> Iterator[str]:
+    """An HTTP server on loopback that sends its headers, then one byte of the body every 0.2 s."""
+    yield from trickle(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n",
+                       b"\x00" * 100000, 0.2)  # fmt: skip
 
 
 def test_an_image_url_that_trickles_ends_the_fetch_at_its_deadline(

@@ -13,7 +13,6 @@ import os
 import socket
 import struct
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import psutil
 import pytest
 
 from nbtrain.control.jobs.serve import ServerHandle
+from tests.faults.test_image_faults import trickle
 from tests.faults.test_serve_faults import ASK, assert_answers, call, server  # noqa: F401 - the module's server
 
 DEEP = "[" * 100_000 + "]" * 100_000  # 200 KB of JSON nested 100k deep
@@ -164,28 +164,8 @@ def test_the_kernel_refuses_a_huge_picture_in_a_small_file_from_its_header_as_th
 @pytest.fixture
 def trickling_headers() -> Iterator[str]:
     """An HTTP server on loopback that sends its status line and headers a byte every 0.1 s (for 30 s)."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    done = threading.Event()
-
-    def serve() -> None:
-        conn, _ = srv.accept()
-        with conn:
-            conn.recv(4096)
-            head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-Slow-%d: yes\r\n" % i for i in range(90))
-            stop = time.monotonic() + 30
-            for byte in head:
-                if done.is_set() or time.monotonic() > stop:
-                    return
-                try:
-                    conn.sendall(bytes([byte]))
-                except OSError:
-                    return
-                time.sleep(0.1)
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.getsockname()[1]}/slow.png"
-    done.set()
-    srv.close()
+    head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-Slow-%d: yes\r\n" % i for i in range(90))
+    yield from trickle(b"", head, 0.1)
 
 
 def test_an_image_host_that_trickles_its_status_line_and_headers_ends_the_fetch_at_its_deadline(
