@@ -1,8 +1,11 @@
 """A real SLURM cluster on this machine for the tests: Debian's slurm-wlm and munge (``make slurm``
-installs them), one munged, one slurmctld and two slurmd (n1, n2, one CPU each, NodeAddr 127.0.0.1), with
-every file -- the munge key and socket, slurm.conf, state, spool, logs -- in one temporary folder. Clients
-find it through ``SLURM_CONF``. ``stop()`` cancels every job it ran and stops exactly the daemons it
-started, then removes the folder.
+installs them), one munged, one slurmctld and four slurmd (n1, n2, g1, g2, one CPU each, NodeAddr
+127.0.0.1), with every file -- the munge key and socket, slurm.conf, state, spool, logs -- in one
+temporary folder. Clients find it through ``SLURM_CONF``. Partition ``gpu`` is two more nodes (g1, g2)
+that declare four GPUs each through GRES (``gpu:a100:4``, backed by four empty files: slurmd counts
+files, not cards): what a login node sees of a GPU partition; jobs that need a real GPU are not run
+there. The CPU partitions ``debug`` (the default) and ``urgent`` over n1 and n2 are as before. ``stop()``
+cancels every job it ran and stops exactly the daemons it started, then removes the folder.
 
     python -m tests.slurmcluster     # start one, print its SLURM_CONF, wait for Ctrl-C
 """
@@ -20,6 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+GPU_NODES = ("g1", "g2")  # partition gpu: GRES gpu:a100:4 each
+NODES = ("n1", "n2", *GPU_NODES)
+GPUS_PER_NODE = 4
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel")
 
 
@@ -40,6 +46,25 @@ def _which(name: str) -> str | None:
     return shutil.which(name) or next(
         (str(p) for d in ("/usr/sbin", "/sbin") if (p := Path(d) / name).exists()), None
     )
+
+
+def fake_scontrol(folder: Path, gres: str = "gpu:h100:4", *, cpus: int = 16, memory_mb: int = 128000) -> Path:
+    """An ``scontrol`` for tests that need a partition's nodes read but no cluster: every partition asked
+    for (the default, ``batch``, when none is) is two nodes f1, f2 with ``gres`` ("" none), ``cpus`` and
+    ``memory_mb`` each. Written into ``folder``, which the test puts first on PATH; returns it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "scontrol"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        '  *"show partition"*) echo "PartitionName=${4:-batch} Default=YES Nodes=f[1-2] State=UP" ;;\n'
+        f'  *"show node"*) for n in f1 f2; do echo "NodeName=$n CPUTot={cpus} RealMemory={memory_mb} '
+        f'Gres={gres or "(null)"} State=IDLE"; done ;;\n'
+        '  *) echo "fake scontrol: $*" >&2; exit 1 ;;\n'
+        "esac\n"
+    )
+    script.chmod(0o755)
+    return folder
 
 
 def _free_port() -> int:
@@ -63,8 +88,10 @@ class Cluster:
             self._write_conf()
             for argv, log in (
                 ([_which("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld.out"),
-                ([_which("slurmd"), "-D", "-N", "n1", "-f", str(self.conf)], "slurmd-n1.out"),
-                ([_which("slurmd"), "-D", "-N", "n2", "-f", str(self.conf)], "slurmd-n2.out"),
+                *(
+                    ([_which("slurmd"), "-D", "-N", n, "-f", str(self.conf)], f"slurmd-{n}.out")
+                    for n in NODES
+                ),
             ):
                 self._spawn([str(a) for a in argv], log)
             self._wait_idle(timeout)
@@ -108,6 +135,13 @@ class Cluster:
         r = self.root
         (r / "state").mkdir()
         (r / "spool").mkdir()
+        fake = r / "fakegpu"  # slurmd 22.05 counts a GRES's device files: empty regular files do
+        fake.mkdir()
+        for i in range(GPUS_PER_NODE):
+            (fake / f"nvidia{i}").touch()
+        (r / "gres.conf").write_text(  # beside slurm.conf, where slurmd looks for it
+            f"NodeName=g[1-2] Name=gpu Type=a100 File={fake}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+        )
         lines = [
             "ClusterName=nbtraintest",
             f"SlurmctldHost={host}(127.0.0.1)",
@@ -144,16 +178,19 @@ class Cluster:
             "SlurmctldTimeout=30",
             "SlurmdTimeout=30",
             "PropagateResourceLimits=NONE",
+            "GresTypes=gpu",
             *(
                 f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 "
-                "RealMemory=8000 State=UNKNOWN"
-                for n in ("n1", "n2")
+                f"RealMemory=8000{f' Gres=gpu:a100:{GPUS_PER_NODE}' if n in GPU_NODES else ''} State=UNKNOWN"
+                for n in NODES
             ),
             # "urgent" preempts "debug": a job that may be requeued is, one that may not is ended PREEMPTED
             "PreemptType=preempt/partition_prio",
             "PreemptMode=REQUEUE",
             "PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
             "PartitionName=urgent Nodes=n1,n2 MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
+            # GPU nodes (without GPUs): what a login node plans a GPU job for
+            f"PartitionName=gpu Nodes={','.join(GPU_NODES)} MaxTime=INFINITE State=UP PriorityTier=1",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
 
@@ -167,7 +204,7 @@ class Cluster:
             r = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
             out = r.stdout
             states = dict(line.split() for line in out.splitlines() if line.strip())
-            if states.get("n1") == "idle" and states.get("n2") == "idle":
+            if all(states.get(n) == "idle" for n in NODES):
                 return
             time.sleep(0.3)
         raise RuntimeError(f"the SLURM nodes did not become idle in {timeout:g} s: {out!r}; see {self.root}")

@@ -86,6 +86,16 @@ def card(name: str) -> Card:
                      "(e.g. M3-MAX-64GB) or cpu-N")  # fmt: skip
 
 
+def gres_card(kind: str) -> Card:
+    """The card a SLURM GRES type names: "h100", "a100_80g", "nvidia_a100-sxm4-80gb" (as GRES AutoDetect
+    names it), "tesla_t4"; ValueError as ``card`` gives it ("a100" is 40 or 80 GB: say which)."""
+    name = _norm(kind)
+    for _ in range(2):
+        name = re.sub(r"^(NVIDIA|TESLA|GEFORCE|AMD|INSTINCT)-", "", name)
+    name = re.sub(r"-(SXM\d*|PCIE|NVL|HBM\d*E?)(?=-|$)", "", name)
+    return card(re.sub(r"(\d+)G$", r"\1GB", name))
+
+
 @dataclass(frozen=True)
 class Target:
     """Named hardware: ``nodes`` machines of ``per_node`` cards each (or an Apple Mac, or a CPU machine)."""

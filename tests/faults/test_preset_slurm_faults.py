@@ -6,6 +6,7 @@ the sbatch script survive a runs root with a space, ``#`` or ``%`` in it. Fast: 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from nbtrain.control.config.preset import PRESET_FILE
 from nbtrain.control.launch import sbatch
 from nbtrain.control.plan.distributed import slurm_script
 from tests.conftest import lora_yaml
+from tests.slurmcluster import fake_scontrol
 
 COURSE = (
     "course: Fine-tuning 101\n"
@@ -37,6 +39,12 @@ def refused(config: str) -> str:
     with pytest.raises(ConfigError) as e:
         nbtrain.prepare(config)
     return str(e.value)
+
+
+@pytest.fixture(autouse=True)
+def cluster_nodes(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The course partition's nodes, as scontrol shows them (one GPU each): a run is planned for them."""
+    monkeypatch.setenv("PATH", f"{fake_scontrol(workdir / 'bin', 'gpu:h100:1')}:{os.environ['PATH']}")
 
 
 @pytest.fixture

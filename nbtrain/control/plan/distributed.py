@@ -284,6 +284,9 @@ def slurm_script(plan: Plan, run_dir: Path, slurm: dict[str, Any], *, allocation
                      ("cpus_per_task", "cpus-per-task")):  # fmt: skip
         if slurm.get(key):
             lines.append(f"#SBATCH --{opt}={sbatch.value(str(slurm[key]))}")
+    if plan.device == "cuda" and not slurm.get("gpus_per_node"):
+        # left out: the GPUs the plan found on the partition's nodes, one per process (torchrun below)
+        lines.append(f"#SBATCH --gpus-per-node={len(plan.gpus)}")
     if slurm.get("exclusive"):
         lines.append("#SBATCH --exclusive")
     lines += [f"#SBATCH {x}" for x in slurm.get("extra", [])]

@@ -134,6 +134,8 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
         )
         if len(hw.gpus) > n:
             reasons.append(f"{len(hw.gpus)} GPUs found; this run uses {n}")
+        if world > 1:
+            reasons.append(f"NCCL backend: {world} processes, one per GPU")
     elif hw.accelerator is not None:
         device, gpus = hw.accelerator.kind, []
         reasons.append(f"{n} process(es) per node on {hw.accelerator.name}: {UNVERIFIED[device]}")
@@ -613,6 +615,8 @@ def train_args(res: Resolved, plan: Plan) -> dict[str, Any]:
     if plan.world_size > 1:
         if plan.device == "cpu":
             args["ddp_backend"] = "gloo"
+        elif plan.device == "cuda":
+            args["ddp_backend"] = "nccl"  # torch's choice on CUDA too: written so the plan shows it
         if res.config.method != "full":
             # Frozen base weights would otherwise make DDP search for unused parameters every step.
             args["ddp_find_unused_parameters"] = False

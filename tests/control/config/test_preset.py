@@ -12,6 +12,7 @@ import nbtrain
 from nbtrain.contract.errors import ConfigError
 from nbtrain.control.config.preset import PRESET_FILE, find_preset, load_preset
 from tests.conftest import lora_yaml
+from tests.slurmcluster import fake_scontrol
 
 
 def write_preset(folder: Path, text: str) -> Path:
@@ -96,7 +97,10 @@ def test_max_steps_rule_caps_fills_and_refuses_epoch_training(workdir: Path) -> 
     assert nbtrain.prepare(lora_yaml(5)).train_args["max_steps"] == 5
 
 
-def test_slurm_rule_sends_every_run_to_the_courses_partition_within_its_caps(workdir: Path) -> None:
+def test_slurm_rule_sends_every_run_to_the_courses_partition_within_its_caps(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(fake_scontrol(workdir / "bin", "gpu:h100:2")))  # the course's nodes
     preset = write_preset(
         workdir,
         "slurm: {partition: class, account: fin101, time: '00:30:00'}\nmax_gpus: 2\nmax_time: '1:00:00'\n",

@@ -338,12 +338,16 @@ def test_a_cluster_that_does_not_answer_is_said_and_not_asked_again_on_every_sta
     cluster: Cluster, workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The real scontrol, logged, against a configuration that names no reachable slurmctld (and no sbatch
-    # on PATH: the run's script is written, not submitted).
+    # on PATH: the run's script is written, not submitted); the partition's nodes, which the run is
+    # planned for, are read from the test cluster.
     real = shutil.which("scontrol")
     bin_ = workdir / "bin"
     bin_.mkdir()
     calls = workdir / "calls"
-    (bin_ / "scontrol").write_text(f'#!/bin/sh\necho x >> {calls}\nexec {real} "$@"\n')
+    (bin_ / "scontrol").write_text(
+        f'#!/bin/sh\ncase "$*" in *"show partition"*|*"show node"*)\n'
+        f'  SLURM_CONF={cluster.conf} exec {real} "$@";;\nesac\necho x >> {calls}\nexec {real} "$@"\n'
+    )
     (bin_ / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_))
     monkeypatch.setenv("SLURM_CONF", str(workdir / "no-such-slurm.conf"))

@@ -20,6 +20,7 @@ from nbtrain.control.plan.distributed import (
 )
 from nbtrain.hardware import GPU, Hardware
 from tests.conftest import lora_yaml
+from tests.slurmcluster import fake_scontrol
 
 A100 = GPU(0, "NVIDIA A100-SXM4-80GB", 80 * 2**30, 79 * 2**30, (8, 0))
 
@@ -159,7 +160,8 @@ def test_hostfile_and_multi_node_plan(workdir: Path) -> None:
 def test_slurm_script_is_written_and_shown_when_sbatch_is_missing(
     workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("PATH", str(workdir / "empty-bin"))  # no sbatch on this machine anyway
+    # no sbatch on this machine anyway; scontrol shows a partition of two-GPU nodes
+    monkeypatch.setenv("PATH", str(fake_scontrol(workdir / "empty-bin", "gpu:h100:2")))
     text = dist("strategy: ddp\nnodes: 2\nnum_processes: 2\nslurm: {partition: gpu, gpus_per_node: 2}")
     run = nbtrain.finetune(text, name="slurm")
     script = (run.dir / "slurm.sbatch").read_text()

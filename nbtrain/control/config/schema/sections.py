@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from nbtrain.contract.formats import CANONICAL_COLUMNS
 from nbtrain.control.config import trainargs
 from nbtrain.control.config.choices import Launcher, Offload, Strategy
+from nbtrain.hardware.named import card
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # \Z: "$" also matches before a final newline
 
@@ -343,7 +344,21 @@ class SlurmSettings(Strict):
         examples=["06:00:00"],
     )
     mem: str | None = Field(None, description="Memory per node, as sbatch takes it.", examples=["32G"])
-    gpus_per_node: int | None = Field(None, gt=0, description="GPUs per node.", examples=[4])
+    gpus_per_node: int | None = Field(
+        None,
+        gt=0,
+        description="GPUs per node (left out: every GPU the partition's nodes have; the plan says how many).",
+        examples=[4],
+    )
+    gpu: str | None = Field(
+        None,
+        description=(
+            "The card the partition's nodes have, when their GRES type does not say it (gpu:a100 is 40 or "
+            "80 GB; an untyped gpu:4 names none): the plan's memory per GPU is this card's. "
+            "NBTRAIN_SLURM_GPU sets a site default."
+        ),
+        examples=["A100-80GB", "H100-80GB"],
+    )
     cpus_per_task: int | None = Field(None, gt=0, description="CPUs for each node's task.", examples=[16])
     exclusive: bool = Field(False, description="Take whole nodes (sbatch --exclusive).")
     # auto: a job that nears its time limit stops at a checkpoint signal_before s before it, is requeued and
@@ -376,6 +391,13 @@ class SlurmSettings(Strict):
         description="More sbatch options, one per line, written as given.",
         examples=[["--mail-type=END"]],
     )
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_card(cls, v: str | None) -> str | None:
+        if v is not None:
+            card(v)  # ValueError naming the cards nbtrain knows (or the sizes "A100" leaves open)
+        return v
 
     @field_validator("partition", "account", "qos", "constraint", "time", "mem")
     @classmethod
