@@ -21,37 +21,28 @@ What the dashboard draws, and why:
   instead of showing empty axes.
 
 The package, by job: ``theme`` (the plotly template and colours), ``clock`` (a run's own time: elapsed,
-ETA, step times, smoothing) and ``charts`` (the panels, header and figures).
+ETA, step times, smoothing), ``axes`` (the throughput axis's top, the loss panel's controls),
+``memoryline`` (the estimate as drawn), ``panels`` (the frame, trace specs and the empty panels),
+``header`` (the progress, header and the layout that follows the run) and ``charts`` (the figures built
+whole).
 """
 
 from __future__ import annotations
 
-from nbtrain.ui.figures.charts import (
-    CPU_RUNTIME_BYTES,
+from nbtrain.ui.figures.axes import ThroughputAxis, throughput_top
+from nbtrain.ui.figures.charts import add_traces, build_figure, compare_figure, run_plot
+from nbtrain.ui.figures.clock import ema
+from nbtrain.ui.figures.header import apply_chrome, chrome, header_parts, header_text, progress, state_color
+from nbtrain.ui.figures.memoryline import CPU_RUNTIME_BYTES, GIB, MemoryLine, memory_line
+from nbtrain.ui.figures.panels import (
     FIGURE_WIDTH,
-    GIB,
     Frame,
-    MemoryLine,
-    ThroughputAxis,
     TraceSpec,
-    add_traces,
-    apply_chrome,
-    build_figure,
-    chrome,
-    compare_figure,
     empty_figure,
-    header_parts,
-    header_text,
     make_frame,
-    memory_line,
     panels_of,
-    progress,
-    run_plot,
-    state_color,
-    throughput_top,
     trace_specs,
 )
-from nbtrain.ui.figures.clock import ema
 from nbtrain.ui.figures.theme import COLORS, MUTED, STATE_COLORS, THEME, themed
 
 __all__ = [
