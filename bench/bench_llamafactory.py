@@ -100,6 +100,8 @@ def lf_files(work: Path, model: Path, data: Path, label: str, steps: int, cfg: d
     columns = {"messages": "messages"}
     entry = {"file_name": "add.jsonl", "formatting": "sharegpt", "columns": columns, "tags": tags}
     (lf / "dataset_info.json").write_text(json.dumps({"add": entry}))
+    from nbtrain.control.config import trainargs
+
     lora, args = cfg["lora"], cfg["train_args"]
     yaml = {
         "model_name_or_path": str(model), "trust_remote_code": False,
@@ -111,7 +113,7 @@ def lf_files(work: Path, model: Path, data: Path, label: str, steps: int, cfg: d
         "overwrite_cache": True, "output_dir": str(lf / "out"), "overwrite_output_dir": True,
         "logging_steps": 1, "per_device_train_batch_size": args["per_device_train_batch_size"],
         "learning_rate": args["learning_rate"], "max_steps": steps, "save_strategy": "no",
-        "report_to": "none", "seed": args.get("seed", 42), "dataloader_num_workers": 0,
+        "report_to": "none", "seed": trainargs.value(args, "seed"), "dataloader_num_workers": 0,
     }  # fmt: skip
     (lf / "cfg.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in yaml.items()))
     return lf

@@ -95,17 +95,22 @@ OBSTACLES = [
 
 def swift_argv(model: Path, data: Path, out: Path, steps: int, cfg: dict[str, Any]) -> list[str]:
     """``swift sft`` for the run nbtrain resolved (see OBSTACLES for why each of the first flags)."""
+    from nbtrain.control.config import trainargs
+
     lora, args = cfg["lora"], cfg["train_args"]
+    arg = lambda field: trainargs.value(args, field)  # noqa: E731 - the run's value, else TRL's default
     flags: dict[str, Any] = {
         "model": model, "model_type": "llama", "template": "phi3", "check_model": "false",
         "torch_dtype": "float32", "fp16": "false", "bf16": "false",
         "dataset": data, "tuner_type": "lora",
         "lora_rank": lora["r"], "lora_alpha": lora["alpha"], "lora_dropout": lora["dropout"],
         "target_modules": cfg["targets"], "loss_scale": "all", "max_length": cfg["max_length"],
-        "per_device_train_batch_size": args["per_device_train_batch_size"], "gradient_accumulation_steps": 1,
-        "learning_rate": args["learning_rate"], "lr_scheduler_type": "linear", "weight_decay": 0,
-        "adam_beta2": 0.999, "max_steps": steps, "logging_steps": 1, "save_strategy": "no",
-        "report_to": "none", "seed": args.get("seed", 42), "dataloader_num_workers": 0,
+        "per_device_train_batch_size": args["per_device_train_batch_size"], 
+        "gradient_accumulation_steps": arg("gradient_accumulation_steps"),
+        "learning_rate": args["learning_rate"], 
+        "lr_scheduler_type": arg("lr_scheduler_type"), "weight_decay": arg("weight_decay"),
+        "adam_beta2": arg("adam_beta2"), "max_steps": steps, "logging_steps": 1, "save_strategy": "no",
+        "report_to": "none", "seed": arg("seed"), "dataloader_num_workers": 0,
         "dataloader_pin_memory": "false", "add_version": "false", "output_dir": out,
     }  # fmt: skip
     argv = [str(MSSWIFT.exe), "sft"]

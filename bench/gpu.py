@@ -191,6 +191,7 @@ def run_nbtrain(
     """One nbtrain run of ``mode`` (MODES: the auto plan, or it with one fast path turned the other way)."""
     import nbtrain
     from nbtrain.contract.rundir import read_json, read_jsonl
+    from nbtrain.control.config import trainargs
     from nbtrain.control.launch import process
 
     more = MODES[mode]
@@ -216,7 +217,8 @@ def run_nbtrain(
         raise RuntimeError(f"nbtrain {name}: {st.describe()}\n{run.logs(40)}")
     resolved = read_json(run.paths.resolved)
     args, plan = resolved["train_args"], resolved["plan"]
-    micro, accum = int(args["per_device_train_batch_size"]), int(args.get("gradient_accumulation_steps", 1))
+    micro = int(args["per_device_train_batch_size"])
+    accum = int(trainargs.value(args, "gradient_accumulation_steps", resolved["config"]["objective"]))
     times = [(int(r["step"]), float(r["t"])) for r in read_jsonl(run.paths.metrics) if "loss" in r]
     peaks = [r["gpu_mem_peak"] for r in read_jsonl(run.paths.system) if "gpu_mem_peak" in r]
     est = plan.get("estimate") or {}
@@ -225,7 +227,7 @@ def run_nbtrain(
     return {
         "tokens_per_s": throughput(times, micro * accum * plan["world_size"] * seq),
         "peak_bytes": peak, "micro_batch": micro, "grad_accum": accum, "precision": plan["precision"],
-        "gradient_checkpointing": args.get("gradient_checkpointing", True),
+        "gradient_checkpointing": trainargs.value(args, "gradient_checkpointing"),
         "use_liger_kernel": bool(args.get("use_liger_kernel")),
         "optim": args.get("optim"), "torch_compile": bool(args.get("torch_compile")),
         "attn_implementation": (args.get("model_init_kwargs") or {}).get("attn_implementation")

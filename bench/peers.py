@@ -298,6 +298,7 @@ def lora_job(model: Path, data: Path, steps: int, resolved: Path) -> tuple[str, 
     """(nbtrain's config, the settings a peer's config is written from); nbtrain's resolved job is
     written to ``resolved`` for the bare TRL script."""
     import nbtrain
+    from nbtrain.control.config import trainargs
 
     config = lora_config(model, data, steps)
     prep = nbtrain.prepare(config)
@@ -306,5 +307,5 @@ def lora_job(model: Path, data: Path, steps: int, resolved: Path) -> tuple[str, 
     return config, {
         "lora": prep.to_dict()["config"]["lora"], "train_args": prep.train_args,
         "targets": est_inputs.get("lora_targets") or ["q_proj", "v_proj"],
-        "max_length": prep.train_args.get("max_length", 1024),
+        "max_length": trainargs.value(prep.train_args, "max_length"),
     }  # fmt: skip

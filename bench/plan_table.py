@@ -133,19 +133,21 @@ def plan_of(machine: Machine, n: int, model: str, method: str) -> dict[str, Any]
     """What prepare plans (must be called inside ``_workdir``)."""
     import nbtrain
     from nbtrain.contract.errors import NbtrainError
+    from nbtrain.control.config import trainargs
 
     try:
         prep = nbtrain.prepare(job(model, method), hardware=machine.hardware(n))
     except NbtrainError as e:
         return {"refused": str(e).splitlines()[0][:160]}
     p, args = prep.plan, prep.train_args
+    arg = lambda field: trainargs.value(args, field, prep.resolved.config.objective)  # noqa: E731
     est = p.estimate or {}
     return {
         "method": p.method, "precision": p.precision, "micro_batch": args["per_device_train_batch_size"],
-        "grad_accum": args.get("gradient_accumulation_steps", 1), "world_size": p.world_size,
+        "grad_accum": arg("gradient_accumulation_steps"), "world_size": p.world_size,
         "checkpointing": bool(args.get("gradient_checkpointing")), "strategy": p.strategy,
         "offload": p.offload, "attn": p.attn_implementation or "sdpa", "liger": bool(p.liger),
-        "optim": args.get("optim"), "lr": f"{args.get('learning_rate', 2e-5):g}",
+        "optim": args.get("optim"), "lr": f"{arg('learning_rate'):g}",
         "est_gib": est.get("per_device_bytes", 0) / GiB, "usable_gib": est.get("usable_bytes", 0) / GiB,
         "fits": p.fits, "advice": p.fit_advice, "reasons": p.reasons,
     }  # fmt: skip

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import importlib
 import json
 import os
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +127,23 @@ def field_specs(objective: str = "sft") -> dict[str, Any]:
     if objective == "sft":  # the SFT snapshot keeps its original shape (no "config" key)
         return {"versions": versions, "fields": fields}
     return {"versions": versions, "config": cls.__name__, "fields": fields}
+
+
+@functools.cache
+def _defaults(objective: str) -> dict[str, Any]:
+    return {name: spec["default"] for name, spec in field_specs(objective)["fields"].items()}
+
+
+def default(objective: str, field: str) -> Any:
+    """The installed TRL config's default for ``field`` of ``objective`` (what the kernel's snapshot,
+    ``control.config.trainargs.default``, records for it): the worker's one place to read one, never
+    re-typed. Imports TRL the first time."""
+    return _defaults(objective)[field]
+
+
+def value(args: Mapping[str, Any], field: str, objective: str = "sft") -> Any:
+    """``args[field]`` where the run's training args set it, else TRL's default for it (``default``)."""
+    return args[field] if field in args else default(objective, field)
 
 
 def _write(out: Path, objective: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from nbtrain.contract.adapters import converts_init, peft_fields
 from nbtrain.contract.objectives import OBJECTIVES
+from nbtrain.worker import introspect
 
 
 def compute_dtype(plan: dict[str, Any]) -> Any:
@@ -203,13 +204,18 @@ def load_model(
         print(f"nbtrain: base weights loaded in {bits}-bit by bitsandbytes", flush=True)
 
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=bool(args.get("gradient_checkpointing", True))
+            model,
+            use_gradient_checkpointing=bool(
+                introspect.value(args, "gradient_checkpointing", str(cfg.get("objective", "sft")))
+            ),
         )
     if attach_lora and method in ("lora", "qlora"):
         from peft import get_peft_model
         from transformers import set_seed
 
-        set_seed(int(args.get("seed", 42)))  # adapter init is random: seed it for reproducible runs
+        set_seed(
+            int(introspect.value(args, "seed", str(cfg.get("objective", "sft"))))
+        )  # adapter init is random: seed it for reproducible runs
         model = get_peft_model(model, lora_config(cfg, model))
         report_trainable(model, method)
     return model

@@ -14,7 +14,7 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata, resources
@@ -157,6 +157,18 @@ def fields_for(objective: str = "sft") -> dict[str, FieldSpec]:
 
 def sft_fields() -> dict[str, FieldSpec]:
     return fields_for("sft")
+
+
+def default(objective: str, field: str) -> Any:
+    """TRL's (or transformers') default for ``field`` of ``objective``'s config, read from the snapshot: the
+    one place a kernel-side consumer gets one, never re-typed (they differ by objective: learning_rate is
+    2e-5 for SFT, 1e-6 for DPO; ``tests/control/config/test_trainargs_defaults.py`` checks)."""
+    return fields_for(objective)[field].default
+
+
+def value(args: Mapping[str, Any], field: str, objective: str = "sft") -> Any:
+    """``args[field]`` where the training args set it, else TRL's default for it (``default``)."""
+    return args[field] if field in args else default(objective, field)
 
 
 # ------------------------------------------------------------------------------------------- lora:

@@ -19,6 +19,7 @@ import yaml
 
 from nbtrain.contract.errors import ConfigError, Problem
 from nbtrain.control import memory
+from nbtrain.control.config import trainargs
 from nbtrain.control.config.choices import ZERO_STAGES
 from nbtrain.control.config.schema import Resolved
 from nbtrain.control.launch import sbatch
@@ -80,7 +81,7 @@ def deepspeed_config(res: Resolved, plan: Plan, args: dict[str, Any]) -> dict[st
         ds["optimizer"] = {
             "type": "AdamW",
             "params": {
-                "lr": float(args.get("learning_rate", 2e-5)),
+                "lr": float(trainargs.value(args, "learning_rate", res.config.objective)),
                 "betas": [float(args.get("adam_beta1", 0.9)), float(args.get("adam_beta2", 0.999))],
                 "eps": float(args.get("adam_epsilon", 1e-8)),
                 "weight_decay": float(args.get("weight_decay", 0.0)),

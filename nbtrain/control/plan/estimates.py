@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from nbtrain.control.config import trainargs
 from nbtrain.control.config.choices import METHODS
 from nbtrain.control.config.schema import RunConfig
 from nbtrain.control.memory import Estimate, Request, advice, estimate
@@ -28,8 +29,11 @@ def request_for(
     """The training shape a validated config asks for. ``precision`` is the plan's (the config may say
     auto); ``micro_batch`` the plan's when it chose one (per_device_train_batch_size: auto)."""
     train = config.train
-    # TRL's default 1024; a vision run's default is none (prepare: no cut inside a row's image tokens)
-    seq = train.get("max_length", 1024 if config.vision is None else None)
+    # TRL's default (GRPO's rows have none: SFT's); a vision run's is none (prepare: no cut inside a row's
+    # image tokens)
+    fields = trainargs.fields_for(config.objective)
+    text_default = trainargs.default(config.objective if "max_length" in fields else "sft", "max_length")
+    seq = train.get("max_length", text_default if config.vision is None else None)
     if seq is None:  # TRL: no truncation; the model's context length is the worst case
         text = (model_config or {}).get("text_config") or model_config or {}
         seq = int(text.get("max_position_embeddings", 1024))
@@ -37,7 +41,7 @@ def request_for(
         if v is not None and v.images_per_row and v.image_tokens:  # a vision run: its image tokens too
             seq += v.images_per_row * v.image_tokens
     if micro_batch is None:
-        asked = train.get("per_device_train_batch_size", 8)
+        asked = trainargs.value(train, "per_device_train_batch_size", config.objective)
         micro_batch = int(asked) if asked != "auto" else 1
     targets = config.lora.target_modules if config.lora else "auto"
     return Request(
@@ -45,7 +49,7 @@ def request_for(
         micro_batch=micro_batch,
         seq_len=int(seq),
         gradient_checkpointing=_checkpointing(train.get("gradient_checkpointing", "auto")),
-        optim=str(train.get("optim", "adamw_torch_fused")),
+        optim=str(trainargs.value(train, "optim", config.objective)),
         lora_r=config.lora.r if config.lora else 8,
         lora_dora=bool(config.lora and (config.lora.model_extra or {}).get("use_dora")),
         lora_targets=targets if isinstance(targets, str) else tuple(targets),

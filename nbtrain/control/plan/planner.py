@@ -14,6 +14,7 @@ from typing import Any
 
 from nbtrain.contract.objectives import PACKED_MODEL_TYPES
 from nbtrain.control import memory
+from nbtrain.control.config import trainargs
 from nbtrain.control.config.facts import bitsandbytes_problem
 from nbtrain.control.config.schema import Resolved, RunConfig
 from nbtrain.control.memory import Estimate
@@ -530,9 +531,11 @@ def _plan_checkpointing(cfg: RunConfig, plan: Plan, mc: Mapping[str, Any], hw: H
 
 def _smallest_change(res: Resolved, plan: Plan, hw: Hardware, mc: dict[str, Any], fit: Fit) -> str:
     """The fit rule's reason, then the smallest change to the config that would fit (cheapest first)."""
-    micro = plan.micro_batch or int(res.config.train.get("per_device_train_batch_size", 8))
+    micro = plan.micro_batch or int(
+        trainargs.value(res.config.train, "per_device_train_batch_size", res.config.objective)
+    )
     changes: list[tuple[str, dict[str, Any]]] = []
-    if not res.config.train.get("gradient_checkpointing", True):
+    if not trainargs.value(res.config.train, "gradient_checkpointing", res.config.objective):
         changes.append(("gradient_checkpointing: true", {"gradient_checkpointing": True}))
     if plan.world_size > 1 and plan.method == "full" and plan.device not in ACCELERATORS:  # no ZeRO there
         for strategy, offload in (("zero2", "none"), ("zero3", "none"), ("zero3", "optimizer"),

@@ -7,6 +7,8 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
+from nbtrain.control.config import trainargs
+
 if TYPE_CHECKING:
     from nbtrain.control.prepare import Prepared
 
@@ -23,15 +25,19 @@ def plan_lines(prep: Prepared) -> list[str]:
     """Two or three lines: what trains where, the batch and length of the run, and its memory."""
     plan, args = prep.plan, prep.train_args
     cfg = prep.resolved.config
-    micro = args.get("per_device_train_batch_size", 8)
-    accum = args.get("gradient_accumulation_steps", 1)
-    steps = args.get("max_steps", -1)
+
+    def arg(field: str) -> Any:
+        return trainargs.value(args, field, cfg.objective)
+
+    micro = arg("per_device_train_batch_size")
+    accum = arg("gradient_accumulation_steps")
+    steps = arg("max_steps")
     length = (
         f"{steps} steps"
         if isinstance(steps, int) and steps > 0
-        else f"{_number(args.get('num_train_epochs', 3))} epochs"
+        else f"{_number(arg('num_train_epochs'))} epochs"
     )
-    lr = args.get("learning_rate", 2e-5)
+    lr = arg("learning_rate")
     where = f"{_count(plan.nodes, 'node')} x " if plan.nodes > 1 else ""
     procs = _count(plan.num_processes, "process")
     strategy = f", {plan.strategy}" if plan.strategy != "none" else ""

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from nbtrain.worker import introspect
 from nbtrain.worker.gguf import use_converted
 
 IGNORE = -100  # the label of a token the loss is not computed on
@@ -78,7 +79,7 @@ def vision_tokenised(
     from nbtrain.worker.data import load_train
 
     cfg, args = resolved["config"], dict(resolved["train_args"])
-    seed = int(args.get("seed", 42))
+    seed = int(introspect.value(args, "seed", cfg.get("objective", "sft")))
     train, fmt, described = load_train(cfg, resolved["data"], "sft", seed, limit=rows, preprocess=preprocess)
     collate = DataCollatorForVisionLanguageModeling(
         processor, max_length=None, assistant_only_loss=bool(args.get("assistant_only_loss"))
@@ -103,7 +104,7 @@ def vision_tokenised(
         "assistant_only_loss": bool(args.get("assistant_only_loss")), "completion_only_loss": False,
         "packing": False, "packing_strategy": None, "padding_free": False,
         "max_length": args.get("max_length"), "truncation_mode": "keep_start",
-        "per_device_train_batch_size": args.get("per_device_train_batch_size", 8),
+        "per_device_train_batch_size": introspect.value(args, "per_device_train_batch_size"),
         "chat_template": "the processor's", "vision": True,
     }  # fmt: skip
     return out, facts
@@ -125,7 +126,7 @@ def tokenised(
     from nbtrain.worker.masks import with_assistant_masks
 
     cfg, args = resolved["config"], dict(resolved["train_args"])
-    seed = int(args.get("seed", 42))
+    seed = int(introspect.value(args, "seed", cfg.get("objective", "sft")))
     # Tokenising needs no device: drop what would check for one (bf16 on a GPU run, ...).
     for key in ("bf16", "fp16", "tf32", "deepspeed", "fsdp", "fsdp_config", "torch_compile"):
         args.pop(key, None)

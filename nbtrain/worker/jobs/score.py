@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nbtrain.worker import introspect
 from nbtrain.worker.gguf import use_converted
 
 
@@ -80,7 +81,8 @@ def score(run_dir: Path, pairs: list[dict[str, Any]]) -> dict[str, Any]:
         before = logps(base)
         del base
         after = logps(AutoModelForCausalLM.from_pretrained(str(output), **kwargs))
-    beta = resolved.get("train_args", {}).get("beta", 0.1)
+    objective = str(cfg.get("objective", "dpo"))
+    beta = introspect.value(resolved.get("train_args", {}), "beta", objective)
     rows = [
         {
             "logp_chosen_before": cb,

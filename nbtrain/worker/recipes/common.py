@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbtrain.contract.rundir import RunPaths, write_status
-from nbtrain.worker import writer
+from nbtrain.worker import introspect, writer
 from nbtrain.worker.control import StopControl
 from nbtrain.worker.model import INITIAL_ADAPTER, is_vision, load_tokenizer, report_trainable
 
@@ -68,7 +68,7 @@ class RunContext:
 
     @property
     def seed(self) -> int:
-        return int(self.args.get("seed", 42))
+        return int(introspect.value(self.args, "seed", self.objective))
 
     @property
     def probe(self) -> bool:
@@ -150,7 +150,7 @@ def load_run_data(
     from nbtrain.worker.data import load_for_training
 
     cfg = resolved["config"]
-    seed_ = int(resolved["train_args"].get("seed", 42))
+    seed_ = int(introspect.value(resolved["train_args"], "seed", cfg.get("objective", "sft")))
     objective = objective or cfg.get("objective", "sft")
     return load_for_training(cfg, resolved["data"], objective, seed_, tok, preprocess)
 
@@ -172,7 +172,7 @@ def run_callback(run: RunContext, notebook_metrics: set[str] | None = None) -> A
         notebook_metrics=notebook_metrics,
         # a checkpoint by training time too (none where the run saves none: save_strategy no, a probe)
         checkpoint_every=60.0 * float(run.cfg.get("checkpoint_minutes") or 0)
-        if run.args.get("save_strategy", "steps") != "no"
+        if introspect.value(run.args, "save_strategy", run.objective) != "no"
         else 0.0,
     )
 

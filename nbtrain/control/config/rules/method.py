@@ -13,7 +13,7 @@ from nbtrain.control.config.schema.run import RunConfig
 def method_sections(cfg: RunConfig, probs: Problems) -> None:
     has_eval = cfg.data.eval is not None or cfg.data.eval_split is not None
     # (a value that is not a strategy, eval_strategy: step, has its own problem and only that one)
-    if cfg.train.get("eval_strategy", "no") in ("steps", "epoch") and not has_eval:
+    if trainargs.value(cfg.train, "eval_strategy", cfg.objective) in ("steps", "epoch") and not has_eval:
         probs.add(
             ("train", "eval_strategy"),
             "evaluation needs eval data: add data: eval_split: 0.1 or data: eval: PATH",
