@@ -1,9 +1,8 @@
-"""The panel itself: the ipywidgets form, its live YAML and inline errors, the data preview, and the
-Launch / Stop / To cell / Export buttons with the run's dashboard below."""
+"""The panel itself: the ipywidgets form, its live YAML and inline errors, the data preview, Load, and
+Launch; the run launched (its dashboard, Stop, its export form) is ``runarea``'s, To cell ``tocell``'s."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import html
 import math
@@ -13,7 +12,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 import yaml
@@ -26,7 +25,6 @@ from nbtrain.control.config.load import parse_source
 from nbtrain.control.config.preset import find_preset
 from nbtrain.control.prepare import check_config
 from nbtrain.control.prepare import validate as validate_config
-from nbtrain.control.runs.follow import FollowStopped, follow
 from nbtrain.control.runs.run import Run, get_run
 from nbtrain.ui.panel import saved, yamlfile
 from nbtrain.ui.panel.datapreview import PRE_STYLE, data_preview, preview_html, preview_inputs
@@ -34,7 +32,6 @@ from nbtrain.ui.panel.debounce import Debouncer
 from nbtrain.ui.panel.fields import (
     GROUPS,
     SECTIONS,
-    STEPS,
     TOP_ORDER,
     UNSET,
     PanelField,
@@ -50,8 +47,11 @@ from nbtrain.ui.panel.fields import (
     section_active,
 )
 from nbtrain.ui.panel.files import CANDIDATES_EVERY, data_candidates, model_candidates
+from nbtrain.ui.panel.layout import field_widget, label_html, numbered_steps, page
 from nbtrain.ui.panel.plan import plan_html, plan_lines
-from nbtrain.ui.panel.style import CSS, ERROR_STYLE, FIELD_WIDTH, LABEL_WIDTH, preset_note_html
+from nbtrain.ui.panel.runarea import RunArea
+from nbtrain.ui.panel.style import ERROR_STYLE, LABEL_WIDTH, preset_note_html
+from nbtrain.ui.panel.tocell import ToCell
 
 if TYPE_CHECKING:
     from nbtrain.control.prepare import Prepared
@@ -61,19 +61,6 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------------------------------- panel
 
 ConfigSource = str | Path | Mapping[str, Any] | Run | None
-
-# The comm target of the lab extension's "insert a cell" (labextension/src/tocell.ts).
-CELLS_TARGET: Final = "nbtrain.cells"
-
-
-def label_html(f: PanelField) -> str:
-    """A field's label: its words, with the YAML key and its help as the tooltip."""
-    title, text = html.escape(f.tooltip), html.escape(f.label or f.path)
-    return f"<label class='nbtrain-label' title='{title}'>{text}</label>"
-
-
-def _side_title(title: str, hint: str) -> str:
-    return f"<div class='nbtrain-side-title'>{html.escape(title)} <small>{html.escape(hint)}</small></div>"
 
 
 class ConfigPanel:
@@ -86,9 +73,6 @@ class ConfigPanel:
         self.spec = preset_fields(panel_fields(), self.preset)
         self._by_path = {f.path: f for f in self.spec}
         self.preview_rows = preview_rows
-        self.run: Run | None = None  # the run launched last from this panel
-        self.view: Dashboard | None = None  # the dashboard of that run, shown in ``live``
-        self._watch_stop = threading.Event()
         self.status_message = ""
         self.dom_class = f"nbtrain-panel-{uuid.uuid4().hex[:12]}"  # finds the panel's cell in the page
         self._set: set[str] = set()  # dropdowns the user (or the loaded config) set explicitly
@@ -101,14 +85,12 @@ class ConfigPanel:
         self._all_general: list[str] = []  # and those without a field
         self._field_errors: dict[str, str] = {}  # what shows of them
         self._general_errors: list[str] = []
-        self._frontend = False  # the lab extension answered: To cell inserts the cell through it
         self._candidates_at = -math.inf
         self._action_error: str | None = None
-        self._background: list[threading.Thread] = []
         self._preview_key: Any = None
         self._debouncer = Debouncer(debounce, self._check, self._job_failed)
 
-        self.fields: dict[str, Any] = {f.path: self._make_widget(f) for f in self.spec}
+        self.fields: dict[str, Any] = {f.path: field_widget(f) for f in self.spec}
         self.labels = {
             f.path: widgets.HTML(label_html(f), layout=widgets.Layout(width=f"{LABEL_WIDTH}px", margin="0"))
             for f in self.spec
@@ -125,16 +107,10 @@ class ConfigPanel:
         self.launch_button = widgets.Button(
             description="Launch", button_style="success", icon="play", tooltip="check the config and start it"
         )
-        self.stop_button = widgets.Button(
-            description="Stop",
-            button_style="warning",
-            icon="stop",
-            disabled=True,  # enabled while the run launched here is active
-            tooltip="stop the run launched here after its current step (it saves a checkpoint)",
-        )
-        self.to_cell_button = widgets.Button(
-            description="To cell", icon="clipboard", tooltip="insert a %%finetune cell with this config"
-        )
+        self.run_area = RunArea(self._action, self._say)  # the run launched here: its view, Stop, export
+        self.stop_button = self.run_area.stop_button
+        self.to_cell = ToCell(self.dom_class, self.to_yaml, self._action)
+        self.to_cell_button = self.to_cell.button
         self.load_ref = widgets.Text(
             placeholder="run id or name, or a .yaml file",
             layout=widgets.Layout(flex="1 1 auto", width="auto", max_width="260px"),
@@ -146,12 +122,11 @@ class ConfigPanel:
             layout=widgets.Layout(flex="0 0 auto", width=yamlfile.BUTTON_WIDTH),
         )
         self.save_row = yamlfile.SaveRow(self.to_yaml, lambda: len(self.problems))
-        self.live = widgets.VBox([])  # the launched run's dashboard
-        self.export_area = widgets.VBox([])  # that run's export form (once it has weights), or a loaded run's
-        self.export_box: ExportBox | None = None
+        self.live = self.run_area.live  # the launched run's dashboard
+        self.export_area = self.run_area.export_area  # its export form, or a loaded run's
         self.launch_button.on_click(self._guard(self._launch))
-        self.stop_button.on_click(self._guard(self._stop))
-        self.to_cell_button.on_click(self._guard(self._to_cell))
+        self.stop_button.on_click(self._guard(self.run_area.stop))
+        self.to_cell_button.on_click(self._guard(self.to_cell.click))
         self.load_button.on_click(self._guard(self._load))
         for f in self.spec:
             self.fields[f.path].observe(self._changed_handler(f.path), names="value")
@@ -164,7 +139,7 @@ class ConfigPanel:
         self.widget.add_class("nbtrain-panel")
         self.widget.add_class(self.dom_class)
         self._refresh_candidates(Path.cwd())
-        self._hello = self._open_comm({"action": "hello", "panel": self.dom_class}, self._on_hello)
+        self.to_cell.hello()
 
         self._filling = True
         try:
@@ -184,29 +159,22 @@ class ConfigPanel:
         else:
             self._refresh()
 
-    # --------------------------------------------------------------------------------- building
-    def _make_widget(self, f: PanelField) -> Any:
-        # No description: ipywidgets shows a tooltip only on a widget without one, so the label is a
-        # widget of its own (label_html) and the key and its help show on both.
-        common: dict[str, Any] = {"layout": widgets.Layout(width=FIELD_WIDTH), "tooltip": f.tooltip}
-        if f.kind == "choice":
-            w = widgets.Dropdown(options=f.options(), value=f.default, **common)
-            w.disabled = len(f.choices) < 2
-            return w
-        if f.kind == "path":  # typed freely, with what is on disk offered as it is typed
-            return widgets.Combobox(
-                value="", options=[], ensure_option=False, placeholder=f.placeholder, **common
-            )
-        if f.choices:
-            return widgets.Combobox(
-                value="",
-                options=[str(c) for c in f.choices],
-                ensure_option=False,
-                placeholder=f.placeholder,
-                **common,
-            )
-        return widgets.Text(value="", placeholder=f.placeholder, **common)
+    @property
+    def run(self) -> Run | None:
+        """The run launched last from this panel."""
+        return self.run_area.run
 
+    @property
+    def view(self) -> Dashboard | None:
+        """The dashboard of that run, shown in ``live``."""
+        return self.run_area.view
+
+    @property
+    def export_box(self) -> ExportBox | None:
+        """The export form under it (once the run has weights), or a loaded run's."""
+        return self.run_area.export_box
+
+    # --------------------------------------------------------------------------------- building
     def _group(self, name: str) -> Any:
         for f in self.spec:
             if f.group == name:
@@ -217,45 +185,18 @@ class ConfigPanel:
         return widgets.VBox([self.rows[f.path] for f in self.spec if f.group == name])
 
     def _layout(self) -> Any:
-        """The flow: one numbered step after another (model, method, data, hyperparameters, start), the
-        YAML and the data preview beside it, the launched run's dashboard below."""
-        self.steps: dict[str, Any] = {}
-        for n, (title, hint, groups) in enumerate(STEPS, 1):
-            head = widgets.HTML(
-                f"<div class='nbtrain-step-title'><span class='nbtrain-step-num'>{n}</span>"
-                f"{html.escape(title)}<span class='nbtrain-step-hint'>{html.escape(hint)}</span></div>"
-            )
-            children = [head, *(self.groups[g] for g in groups)]
-            if title == "Start":
-                buttons = widgets.HBox([self.launch_button, self.stop_button, self.to_cell_button])
-                buttons.add_class("nbtrain-buttons")
-                children += [self.plan_area, self.error_area, buttons, self.status_area]
-            box = widgets.VBox(children)
-            box.add_class("nbtrain-step")
-            self.steps[title] = box
-        form = widgets.VBox(list(self.steps.values()), layout=widgets.Layout(width="580px", flex="0 0 auto"))
-        load = widgets.HBox([self.load_ref, self.load_button], layout=widgets.Layout(align_items="center"))
-        side = widgets.VBox(
-            [
-                widgets.HTML(_side_title("Start from a run or a file", "fill the form with its config")),
-                load,
-                widgets.HTML(_side_title("YAML", "what a %%finetune cell would hold")),
-                self.yaml_view,
-                widgets.HTML(_side_title("Save the form", "to a YAML file beside the notebook")),
-                self.save_row.widget,
-                widgets.HTML(_side_title("Data preview", "the first rows as the model sees them")),
-                self.preview,
-            ],
-            layout=widgets.Layout(min_width="300px", flex="1 1 0", margin="0 10px 0 14px", overflow="hidden"),
-        )
-        return widgets.VBox(
-            [
-                widgets.HTML(CSS),
-                self.preset_note,
-                widgets.HBox([form, side], layout=widgets.Layout(align_items="flex-start")),
-                self.live,
-                self.export_area,
-            ]
+        """The form's steps, the column beside them, and the run's dashboard and export form below."""
+        buttons = widgets.HBox([self.launch_button, self.stop_button, self.to_cell_button])
+        buttons.add_class("nbtrain-buttons")
+        self.steps = numbered_steps(self.groups, [self.plan_area, self.error_area, buttons, self.status_area])
+        return page(
+            self.steps,
+            load=[self.load_ref, self.load_button],
+            yaml_view=self.yaml_view,
+            save=self.save_row.widget,
+            preview=self.preview,
+            preset_note=self.preset_note,
+            below=[self.live, self.export_area],
         )
 
     # ------------------------------------------------------------------------------------ display
@@ -271,12 +212,9 @@ class ConfigPanel:
         """Stop the background checker and live view, and close the widgets (a kernel keeps every
         widget, with its layout and style, until it is closed)."""
         self._debouncer.close()
-        self._close_view()
-        self._close_export()
-        for c in (self._hello,):
-            if c is not None:
-                with contextlib.suppress(Exception):
-                    c.close()
+        self.run_area.close_view()
+        self.run_area.close_export()
+        self.to_cell.close()
         todo = [self.widget]
         while todo:
             w = todo.pop()
@@ -499,7 +437,7 @@ class ConfigPanel:
         """Wait until inline errors and the preview reflect the latest change and a Stop has finished."""
         deadline = None if timeout is None else time.monotonic() + timeout
         ok = self._debouncer.settle(timeout)
-        for t in list(self._background):
+        for t in list(self.run_area.background):
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             ok = ok and not t.is_alive()
         return ok
@@ -673,163 +611,8 @@ class ConfigPanel:
             self._apply_problems(e.problems)
             raise
         run = start.start(prep)
-        self.run = run
-        self._show_run(run)
+        self.run_area.show(run)
         self._action(None, f"started run {run.id} ({run.name})")
-
-    def _show_run(self, run: Run) -> None:
-        """Show ``run``'s dashboard (the one a ``%%finetune`` cell shows) under the form, kept current by
-        its own thread, and keep Stop enabled while the run is active.
-
-        The dashboard's widgets are children of the panel rather than ``display()``-ed from the click
-        handler: a display from a handler lands in whatever cell runs then, and its updates would carry
-        the click's parent header; widget values travel over each widget's own comm.
-        """
-        from nbtrain.ui.dashboard import Dashboard  # plotly loads on the first launch, not with the panel
-
-        self._close_view()  # the previous run goes on; only its view here stops
-        self._close_export()
-        view = Dashboard(run)
-        view.refresh()  # builds its widgets
-        self.view = view
-        self.live.children = (view.box,) if view.box is not None else ()
-        view.start()
-        self.stop_button.disabled = False
-        stop = threading.Event()
-        self._watch_stop = stop
-        threading.Thread(
-            target=self._watch, args=(run, stop), name=f"nbtrain-panel-watch-{run.id}", daemon=True
-        ).start()
-
-    def _watch(self, run: Run, stop: threading.Event) -> None:
-        """Until ``run`` ends: then Stop is disabled and the status line says how it ended."""
-        try:
-            st = follow(run.status, interval=0.5, stop=stop, what=f"run {run.id}")
-        except FollowStopped:
-            return
-        except Exception:  # noqa: BLE001 - a background thread has no cell: show it in the panel
-            self._action(f"following run {run.id} failed:\n{traceback.format_exc()}")
-            return
-        if self.run is run:
-            self.stop_button.disabled = True
-            self._say(f"run {run.id}: {st.describe()}")
-            self._offer_export(run)
-
-    def _offer_export(self, run: Run) -> None:
-        """The export form of ``run`` under its dashboard, once it has something to export."""
-        from nbtrain.control.runs.run import has_trained_weights
-        from nbtrain.ui.export_box import ExportBox
-
-        if self.export_box is not None and self.export_box.run.dir == run.dir:
-            return
-        self._close_export()
-        if has_trained_weights(run):
-            self.export_box = ExportBox(run)
-            self.export_area.children = (self.export_box.box,)
-
-    def _close_export(self) -> None:
-        box, self.export_box = self.export_box, None
-        self.export_area.children = ()
-        if box is not None and not box.busy:  # a running export finishes; its form just leaves
-            box.close()
-
-    def _close_view(self) -> None:
-        self._watch_stop.set()
-        view, self.view = self.view, None
-        if view is not None:
-            view.close()
-        old, self.live.children = self.live.children, ()
-        todo = list(old)
-        while todo:
-            w = todo.pop()
-            todo.extend(getattr(w, "children", ()))
-            w.close()
-
-    def _stop(self) -> None:
-        run = self.run
-        if run is None:
-            raise NbtrainError("no run was launched from this panel yet; Launch one first")
-        self.stop_button.disabled = True  # one request is enough; the run winds down in the background
-        self._action(None, f"stopping run {run.id} (it finishes its step and saves a checkpoint)…")
-        # Run.stop waits for the worker to exit (up to its timeout): do that off the kernel thread.
-        t = threading.Thread(
-            target=self._stop_in_background, args=(run,), name="nbtrain-panel-stop", daemon=True
-        )
-        self._background = [b for b in self._background if b.is_alive()] + [t]
-        t.start()
-
-    def _stop_in_background(self, run: Run) -> None:
-        try:
-            st = run.stop()
-        except NbtrainError as e:
-            self._action(str(e))
-        except Exception:  # noqa: BLE001 - a background thread has no cell: show it in the panel
-            self._action(f"stopping run {run.id} failed:\n{traceback.format_exc()}")
-        else:
-            self._action(None, f"run {run.id}: {st.describe()}")
-        if self.run is run and not run.status().done:
-            self.stop_button.disabled = False  # it did not stop: let the user try again
-
-    # ------------------------------------------------------------------------------------ To cell
-    # In JupyterLab and Notebook 7 the lab extension inserts the cell at once (labextension/src/tocell.ts):
-    # the panel says hello on a comm when it is made, and once the extension has answered, To cell sends
-    # the cell's text on a new comm. Elsewhere (no extension, another frontend) IPython's set_next_input
-    # is what there is, and a notebook applies that only when the next cell runs: the panel says so.
-
-    def _open_comm(self, data: dict[str, Any], on_msg: Callable[[dict[str, Any]], None]) -> Any:
-        """A comm to the frontend's ``nbtrain.cells`` target; outside a kernel, comm's inert stand-in."""
-        try:
-            from comm import create_comm
-        except ImportError:  # no kernel stack at all
-            return None
-        c = create_comm(target_name=CELLS_TARGET, data=data)
-        c.on_msg(on_msg)
-        return c
-
-    def _on_hello(self, msg: dict[str, Any]) -> None:
-        if msg.get("content", {}).get("data", {}).get("ready"):
-            self._frontend = True
-
-    def _to_cell(self) -> None:
-        # the first time it loads the magics (a few seconds on a cold kernel): the button says it is busy
-        button = self.to_cell_button
-        button.description = "To cell…"
-        button.disabled = True
-        try:
-            self._insert_cell()
-        finally:
-            button.description = "To cell"
-            button.disabled = False
-
-    def _insert_cell(self) -> None:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is None:
-            raise NbtrainError("'To cell' needs IPython or Jupyter; copy the YAML shown above instead")
-        # the cell is a %%finetune cell: make sure the magic exists in this kernel (%load_ext nbtrain)
-        shell.extension_manager.load_extension("nbtrain")
-        source = "%%finetune\n" + self.to_yaml()
-        if self._frontend:
-            self._open_comm(
-                {"action": "insert", "panel": self.dom_class, "source": source}, self._on_inserted
-            )
-            self._action(None, "inserting a %%finetune cell below the panel…")
-            return
-        shell.set_next_input(source, replace=False)
-        # Jupyter delivers this with the reply of the next executed cell; say so, or it looks lost.
-        self._action(
-            None,
-            "a new %%finetune cell with this config follows the next cell you run (the nbtrain "
-            "JupyterLab extension, which inserts it at once, is not active in this frontend)",
-        )
-
-    def _on_inserted(self, msg: dict[str, Any]) -> None:
-        data = msg.get("content", {}).get("data", {})
-        if "inserted" in data:
-            self._action(None, "a %%finetune cell with this config is below the panel: run it to start")
-        else:
-            self._action(f"the notebook could not insert the cell: {data.get('error', data)}")
 
     def _load(self) -> None:
         ref = self.load_ref.value.strip()
@@ -843,7 +626,7 @@ class ConfigPanel:
         run = get_run(ref)
         self.set_config(config_from_run(run.config))
         self._action(None, f"loaded the config of run {run.id}")
-        self._offer_export(run)
+        self.run_area.offer_export(run)
 
 
 def _dump(cfg: Mapping[str, Any]) -> str:
