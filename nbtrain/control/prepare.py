@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -30,12 +29,11 @@ from nbtrain.contract.errors import ConfigError, NbtrainError, Problem, RunNotFo
 from nbtrain.contract.notebook import notebook_namespace
 from nbtrain.contract.objectives import rewards_objectives
 from nbtrain.control.config import trainargs
-from nbtrain.control.config.datacheck import count_rows
 from nbtrain.control.config.load import load_config
-from nbtrain.control.config.preset import Preset, find_preset
+from nbtrain.control.config.preset import Planned, Preset, find_preset, plan_problems, train_args_problems
 from nbtrain.control.config.problems import problems_error
 from nbtrain.control.config.rules.batch import planned_problems
-from nbtrain.control.config.schema import Resolved, VisionSettings
+from nbtrain.control.config.schema import Resolved, RunConfig, VisionSettings
 from nbtrain.control.memory import (
     Estimate,
     count_vision_parameters,
@@ -273,14 +271,14 @@ def _plan_stage(
     refused += cpu_processes_problems(res, plan, hw) if where.local else []
     if hub_note is not None:
         (plan.reasons if plan.estimate is None else res.notes).append(f"model: {hub_note}")
-    violations = preset_plan_problems(preset, res, plan) if preset is not None else []
+    asked = res.config  # as given: the preset's plan rules see what it left to auto
     if res.config.method != plan.method:  # method: auto, decided by the planner
         res.config = res.config.model_copy(update={"method": plan.method})
     args = train_args(res, plan)
     if res.config.vision is not None and "max_length" not in res.config.train:
         args["max_length"] = None  # TRL would cut a long row inside its image tokens: the row's own length
     if preset is not None:
-        violations += preset_args_problems(preset, args, plan.world_size, res)
+        violations = plan_problems(preset, _planned(asked, res, plan, args))
         if enforce_preset:
             refused += violations
         else:
@@ -491,168 +489,11 @@ def check_config(
     return ([Problem("", refusal)], None) if refusal else ([], prep)
 
 
-def preset_plan_problems(preset: Preset, res: Resolved, plan: Plan) -> Items:
-    """The rules only the plan shows, of every preset in force: method/strategy and processes chosen by
-    ``auto``, and the memory cap (against the plan's estimate). Here rather than in the preset, which
-    sits below the planner."""
-    return [item for p in preset.chain() for item in _plan_problems(p, res, plan)]
-
-
-def _plan_problems(preset: Preset, res: Resolved, plan: Plan) -> Items:
-    items: Items = []
-    cfg = res.config
-    procs = preset.max_processes
-    if procs is not None and cfg.distributed.num_processes == "auto" and plan.world_size > procs:
-        items.append(
-            (
-                ("distributed", "num_processes"),
-                f"{plan.world_size} training processes (chosen by num_processes: auto) are over the cap of "
-                f"{preset.where} (rule 'max_processes'); allowed: 1 to {procs} in all: set distributed: "
-                f"num_processes",
-            )
-        )
-    if preset.methods is not None and cfg.method == "auto" and plan.method not in preset.methods:
-        what = "method (chosen by method: auto)"
-        items.append((("method",), preset.not_allowed("methods", what, plan.method, preset.methods)))
-    if (
-        preset.strategies is not None
-        and cfg.distributed.strategy == "auto"
-        and plan.strategy not in preset.strategies
-    ):
-        what = "strategy (chosen by strategy: auto)"
-        items.append(
-            (
-                ("distributed", "strategy"),
-                preset.not_allowed("strategies", what, plan.strategy, preset.strategies),
-            )
-        )
-    if preset.max_memory_gb is not None:
-        cap = preset.max_memory_gb * 2**30
-        est = plan.estimate
-        if est is None:
-            items.append(
-                (
-                    ("model",),
-                    f"{preset.where} caps memory at {preset.max_memory_gb:g} GiB per device (rule "
-                    f"'max_memory_gb'), but no memory estimate could be made for {cfg.model} (its "
-                    f"config.json is not on this machine); use a model whose files are here",
-                )
-            )
-        elif est["per_device_bytes"] > cap:
-            items.append(
-                (
-                    (),
-                    f"this run needs about {est['per_device_bytes'] / 2**30:.2f} GiB per device "
-                    f"(estimate), over the {preset.max_memory_gb:g} GiB cap of {preset.where} (rule "
-                    f"'max_memory_gb'); lower per_device_train_batch_size or max_length, or use "
-                    f"method: lora or qlora (nbtrain.estimate(config) shows what each costs)",
-                )
-            )
-    return items
-
-
-def preset_args_problems(preset: Preset, args: Mapping[str, Any], world_size: int, res: Resolved) -> Items:
-    """The compute cap (rule 'max_train_examples') of every preset in force, against the train args the
-    run will use: the rows it reads = max_steps x effective batch (per-device batch x gradient
-    accumulation x processes), plus each evaluation's rows. Packing puts an unknown number of rows in each
-    sequence, and an eval set whose size cannot be counted before the start cannot be capped: both are
-    refused under the cap."""
-    items: Items = []
-    fields = trainargs.fields_for(res.config.objective)
-
-    def value(key: str) -> Any:
-        return args[key] if key in args else (fields[key].default if key in fields else None)
-
-    for p in preset.chain():
-        cap = p.max_train_examples
-        if cap is None:
-            continue
-        micro, accum, steps = (
-            value("per_device_train_batch_size"),
-            value("gradient_accumulation_steps"),
-            value("max_steps"),
-        )
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (micro, accum, steps)):
-            continue  # refused by the field checks
-        rule = f"{p.where} caps training at {cap} rows (rule 'max_train_examples')"
-        if value("packing") is True:
-            items.append((("train", "packing"), (
-                f"packing: true lays several rows into each sequence of the batch, so how many rows this "
-                f"run reads is not known before it starts, and {rule}: leave packing out"
-            )))  # fmt: skip
-            continue
-        batch = micro * accum * world_size
-        how = (
-            f"effective batch {batch} = per_device_train_batch_size {micro} x gradient_accumulation_steps "
-            f"{accum} x {world_size} process(es)"
-        )
-        evals = evaluation_rows(res, value, steps, batch)
-        if evals is None:
-            items.append((("data", "eval" if res.config.data.eval else "eval_split"), (
-                f"this run evaluates on rows nbtrain cannot count before it starts, and {rule}, which "
-                f"counts evaluation too: give data: eval_split as a number of rows (e.g. 50), or an eval "
-                f"file in JSON Lines, CSV or JSON"
-            )))  # fmt: skip
-            continue
-        n_evals, eval_rows = evals
-        reading = steps * batch + n_evals * eval_rows
-        also = f" + {n_evals} evaluation(s) x {eval_rows} rows" if n_evals * eval_rows else ""
-        room = cap - n_evals * eval_rows
-        fix = (
-            f"set train: max_steps to at most {room // batch}"
-            if room >= batch
-            else f"lower the batch to at most {max(room, 0)} rows a step"
-        )
-        if n_evals * eval_rows and room < cap // 2:
-            fix += ", or evaluate less often (train: eval_steps) on fewer rows (data: eval_split)"
-        if steps < 1:
-            items.append(
-                (
-                    ("train", "max_steps"),
-                    f"max_steps {steps} trains for num_train_epochs, uncapped, but {rule}; {how}: {fix}",
-                )
-            )
-        elif reading > cap:
-            items.append(
-                (
-                    ("train", "max_steps"),
-                    f"this run reads {reading} rows (max_steps {steps} x {how}{also}), over the cap of "
-                    f"{p.where} (rule 'max_train_examples'); allowed: at most {cap}: {fix}",
-                )
-            )
-    return items
-
-
-def evaluation_rows(
-    res: Resolved, value: Callable[[str], Any], steps: int, batch: int
-) -> tuple[int, int] | None:
-    """(evaluations in the run, rows each reads) as the Trainer will run them; None when the eval rows
-    cannot be counted before the start."""
-    strategy = value("eval_strategy")
-    if strategy in (None, "no") or steps < 1:
-        return (0, 0)
-    d = res.config.data
-    train_rows = None if len(res.train_sources) > 1 else count_rows(res.train_data)  # a mix: its weights
-    if train_rows is not None and d.max_samples:
-        train_rows = min(train_rows, d.max_samples)
-    if d.eval is not None:
-        rows = count_rows(res.eval_data) if res.eval_data is not None else None
-    elif isinstance(d.eval_split, int):
-        rows = d.eval_split
-    elif isinstance(d.eval_split, float) and train_rows is not None:
-        rows = math.ceil(train_rows * d.eval_split)
-        train_rows -= rows
-    else:
-        return None if d.eval_split else (0, 0)
-    if rows is None:
-        return None
-    if strategy == "epoch":  # once per pass over the rows: as many passes as max_steps makes
-        if not train_rows:
-            return None
-        return (math.ceil(steps * batch / train_rows), rows)
-    every = value("eval_steps") or value("logging_steps") or 500
-    interval = math.ceil(steps * every) if every < 1 else int(every)  # below 1: a fraction of the run
-    return (steps // max(1, interval), rows)
+def _planned(cfg: RunConfig, res: Resolved, plan: Plan, args: Mapping[str, Any]) -> Planned:
+    """What the preset's plan rules read of the plan (the preset sits below the planner)."""
+    est = plan.estimate
+    per_device = None if est is None else est["per_device_bytes"]
+    return Planned(cfg, res, plan.method, plan.strategy, plan.world_size, per_device, args)
 
 
 def check_resumed(prep: Prepared, resolved: Mapping[str, Any], where: Path) -> None:
@@ -671,7 +512,8 @@ def check_resumed(prep: Prepared, resolved: Mapping[str, Any], where: Path) -> N
         config = resolved.get("config")
         raw = {**(config if isinstance(config, Mapping) else {}), "train": dict(args)}
         items += [i for i in prep.preset.config_problems(raw, Path.cwd()) if i[0][:1] == ("train",)]
-        items += preset_args_problems(prep.preset, args, prep.plan.world_size, prep.resolved)
+        planned = _planned(prep.resolved.config, prep.resolved, prep.plan, args)
+        items += train_args_problems(prep.preset, planned)
     if items:
         raise ConfigError(
             [
@@ -739,7 +581,5 @@ __all__ = [
     "estimate_table",
     "launch_refusal",
     "prepare",
-    "preset_args_problems",
-    "preset_plan_problems",
     "validate",
 ]

@@ -32,6 +32,7 @@ from nbtrain.contract.rundir import (
     read_jsonl,
     write_status,
 )
+from nbtrain.control.config.preset import Queued, start_refusal
 from nbtrain.control.launch import slurm
 from nbtrain.control.launch.process import LaunchFailed, read_launch, run_alive, spawn, worker_env
 from nbtrain.control.plan.distributed import (
@@ -137,12 +138,11 @@ def _start_in_allocation(prep: Prepared, run: Run, job: str, nodes: int) -> Run:
 
 
 def _cluster_cap_refusal(prep: Prepared) -> str | None:
-    """A course preset's max_runs_at_once: this student's runs queued or running on the cluster."""
-    presets = prep.preset.chain() if prep.preset is not None else []
-    capped = [p for p in presets if p.max_runs_at_once is not None]
-    if not capped:
-        return None
-    cap = min(capped, key=lambda p: p.max_runs_at_once or 0)
+    """A course preset's max_runs_at_once, over this student's runs queued or running on the cluster."""
+    return start_refusal(prep.preset, Queued(_runs_on_cluster)) if prep.preset is not None else None
+
+
+def _runs_on_cluster() -> list[str]:
     on_cluster = []
     for run in all_runs():
         try:
@@ -151,13 +151,7 @@ def _cluster_cap_refusal(prep: Prepared) -> str | None:
             continue
         if job and not run.status().done:
             on_cluster.append(f"{run.name} (SLURM job {job})")
-    if len(on_cluster) < (cap.max_runs_at_once or 0):
-        return None
-    return (
-        f"not started: {cap.where} allows {cap.max_runs_at_once} run(s) on the cluster at once (rule "
-        f"'max_runs_at_once'), and these are queued or running: {', '.join(on_cluster)}; stop one (or let it "
-        "finish) first"
-    )
+    return on_cluster
 
 
 def is_slurm(prep: Prepared) -> bool:

@@ -1,34 +1,20 @@
-"""A course preset's SLURM rules (nbtrain.control.config.preset): the partition, account and QOS it fixes,
-its caps on GPUs and time per run, read from what sbatch will see -- the ``slurm:`` keys and every option of
-``slurm: extra:`` as sbatch reads it (control/launch/sbatch.py) -- and max_time held over a run's requeued
-jobs too. Functions of the preset and the config that touch nothing."""
+"""A course preset's SLURM rules (config stage): the partition, account and QOS it fixes, its caps on GPUs
+and time per run, read from what sbatch will see -- the ``slurm:`` keys and every option of ``slurm:
+extra:`` as sbatch reads it (control/launch/sbatch.py) -- and max_time held over a run's requeued jobs too;
+and the requeues a run gets under max_time (``fill_requeues``). Rules of the one shape (collect.py) that
+touch nothing."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
+from nbtrain.control.config.preset.collect import Item, Items, Written
 from nbtrain.control.launch import sbatch
 
-Items = list[tuple[tuple[str | int, ...], str]]  # (key path, message), as config.problems_error takes
-
-
-class Preset(Protocol):
-    """What these rules read of a preset (nbtrain.control.config.preset.Preset, which imports them)."""
-
-    slurm: dict[str, Any] | None
-    max_gpus: int | None
-    max_time: str | None
-    max_nodes: int | None
-    max_runs_at_once: int | None
-    sbatch_allowed: list[str]
-
-    @property
-    def where(self) -> str: ...
-
-    def chain(self) -> list[Any]: ...
-
+if TYPE_CHECKING:
+    from nbtrain.control.config.preset.model import Preset
 
 _DEFAULT_TIME = "04:00:00"  # slurm: time when a config gives none (SlurmSettings)
 _NO_LIMIT = ("-1", "infinite", "unlimited")
@@ -74,10 +60,10 @@ def slurm_seconds(text: str) -> int | None:
     return (a or 0) * 60  # M
 
 
-def fill_requeues(p: Preset, raw: dict[Any, Any]) -> dict[Any, Any]:
+def fill_requeues(preset: Preset, raw: dict[Any, Any]) -> dict[Any, Any]:
     """Under max_time, a SLURM run with requeue: auto that leaves max_requeues out gets as many
     requeues as fit the smallest cap in force (time x (1 + max_requeues)), at most the usual 10."""
-    caps = [slurm_seconds(p.max_time) for p in p.chain() if p.max_time is not None]
+    caps = [slurm_seconds(p.max_time) for p in preset.chain() if p.max_time is not None]
     dist = raw.get("distributed")
     slurm = dist.get("slurm") if isinstance(dist, dict) else None
     if not caps or not isinstance(dist, dict) or not isinstance(slurm, dict) or "max_requeues" in slurm:
@@ -90,45 +76,62 @@ def fill_requeues(p: Preset, raw: dict[Any, Any]) -> dict[Any, Any]:
     return {**raw, "distributed": {**dist, "slurm": {**slurm, "max_requeues": fits}}}
 
 
-def slurm_problems(p: Preset, dist: Any) -> Items:
-    """The course's cluster: its partition, account and QOS fixed; GPUs and time per run capped."""
-    dist = dist if isinstance(dist, Mapping) else {}
-    slurm = dist.get("slurm") if isinstance(dist.get("slurm"), Mapping) else {}
-    where = p.where
-    items: Items = []
-    if p.slurm is not None and dist.get("hostfile") is not None:
-        msg = f"{where} runs every run on SLURM (rule 'slurm'); leave hostfile out"
-        items.append((("distributed", "hostfile"), msg))
+def hostfile(p: Preset, c: Written) -> Iterator[Item]:
+    """slurm: sends every run to SLURM, so no hostfile of the student's own (rule 'slurm')."""
+    if p.slurm is not None and c.dist.get("hostfile") is not None:
+        msg = f"{p.where} runs every run on SLURM (rule 'slurm'); leave hostfile out"
+        yield (("distributed", "hostfile"), msg)
+
+
+def fixed_place(p: Preset, c: Written) -> Iterator[Item]:
+    """The course's cluster: the partition, account and QOS slurm: gives (rule 'slurm')."""
     for key in ("partition", "account", "qos"):
         fixed = (p.slurm or {}).get(key)
-        if fixed is not None and slurm.get(key, fixed) != fixed:
+        if fixed is not None and c.slurm.get(key, fixed) != fixed:
             msg = (
-                f"slurm {key} {slurm[key]!r} differs from the one {where} fixes (rule 'slurm'); "
+                f"slurm {key} {c.slurm[key]!r} differs from the one {p.where} fixes (rule 'slurm'); "
                 f"allowed: {fixed!r} (or leave it out)"
             )
-            items.append((("distributed", "slurm", key), msg))
-    nodes, gpus = dist.get("nodes", 1), slurm.get("gpus_per_node")
+            yield (("distributed", "slurm", key), msg)
+
+
+def max_gpus(p: Preset, c: Written) -> Iterator[Item]:
+    """GPUs per run: gpus_per_node x nodes."""
+    nodes, gpus = c.dist.get("nodes", 1), c.slurm.get("gpus_per_node")
     counted = isinstance(gpus, int) and isinstance(nodes, int)
     if p.max_gpus is not None and counted and gpus * nodes > p.max_gpus:
         msg = (
             f"{gpus * nodes} GPUs (gpus_per_node {gpus} x {nodes} node(s)) are over the cap of "
-            f"{where} (rule 'max_gpus'); allowed: 1 to {p.max_gpus}"
+            f"{p.where} (rule 'max_gpus'); allowed: 1 to {p.max_gpus}"
         )
-        items.append((("distributed", "slurm", "gpus_per_node"), msg))
+        yield (("distributed", "slurm", "gpus_per_node"), msg)
+
+
+def exclusive(p: Preset, c: Written) -> Iterator[Item]:
+    """exclusive: true under max_gpus: a whole node's GPUs, unless the preset sets it or allows it."""
     own = p.slurm or {}
-    exclusive = slurm.get("exclusive") is True and not own.get("exclusive")
-    if p.max_gpus is not None and exclusive and "exclusive" not in p.sbatch_allowed:
+    asked = c.slurm.get("exclusive") is True and not own.get("exclusive")
+    if p.max_gpus is not None and asked and "exclusive" not in p.sbatch_allowed:
         msg = (
             f"exclusive: true takes whole nodes, and SLURM gives an exclusive job every GPU of its "
-            f"nodes, past the cap of {where} (rule 'max_gpus': {p.max_gpus}); leave exclusive "
+            f"nodes, past the cap of {p.where} (rule 'max_gpus': {p.max_gpus}); leave exclusive "
             f"out (the instructor can allow it with sbatch_allowed: [exclusive] in the preset)"
         )
-        items.append((("distributed", "slurm", "exclusive"), msg))
-    if slurm and _governs_slurm(p):
-        items += _extra_problems(p, slurm)
-    if slurm and p.max_time is not None:
-        items += _time_problems(p, slurm)
-    return items
+        yield (("distributed", "slurm", "exclusive"), msg)
+
+
+def sbatch_extra(p: Preset, c: Written) -> Items:
+    """slurm: extra under any SLURM rule: nothing the preset fixes or caps set again there."""
+    return _extra_problems(p, c.slurm) if c.slurm and _governs_slurm(p) else []
+
+
+def max_time(p: Preset, c: Written) -> Items:
+    """A run's time on the cluster: its time limit, and that limit x (1 + requeues)."""
+    return _time_problems(p, c.slurm) if c.slurm and p.max_time is not None else []
+
+
+# the config stage's SLURM rules, in the order their problems are said
+SLURM = (hostfile, fixed_place, max_gpus, exclusive, sbatch_extra, max_time)
 
 
 def _governs_slurm(p: Preset) -> bool:
