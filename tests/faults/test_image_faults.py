@@ -36,7 +36,8 @@ def data_uri(data: bytes) -> str:
 
 
 def test_a_small_file_of_a_huge_picture_is_refused_from_its_header(tmp_path: Path) -> None:
-    from nbtrain.worker.serve.engine import RequestError, request_image
+    from nbtrain.worker.serve.images import request_image
+    from nbtrain.worker.serve.request import RequestError
 
     bomb = png(12000, 12000)
     assert len(bomb) < 200_000  # what crosses the wire is small
@@ -50,18 +51,20 @@ def test_a_small_file_of_a_huge_picture_is_refused_from_its_header(tmp_path: Pat
 
 
 def test_a_request_of_many_big_pictures_is_refused_past_its_total(tmp_path: Path) -> None:
-    from nbtrain.worker.serve.engine import RequestError, _content_parts
+    from nbtrain.worker.serve.images import content_parts
+    from nbtrain.worker.serve.request import RequestError
 
     big = data_uri(png(6000, 6000))  # 36 megapixels: allowed alone, and twice
     content = [{"type": "image_url", "image_url": {"url": big}} for _ in range(8)]
     images: list[object] = []
     with pytest.raises(RequestError, match=r"content\[2\].*at most 28 megapixels left for this request"):
-        _content_parts(content, "messages[0]", images)
+        content_parts(content, "messages[0]", images)
     assert len(images) == 2
 
 
 def test_a_fifo_named_as_an_image_is_refused_at_once(tmp_path: Path) -> None:
-    from nbtrain.worker.serve.engine import RequestError, request_image
+    from nbtrain.worker.serve.images import request_image
+    from nbtrain.worker.serve.request import RequestError
 
     fifo = tmp_path / "image.png"
     os.mkfifo(fifo)

@@ -458,7 +458,7 @@ def test_stopping_the_server_mid_stream_ends_it_on_sigterm_within_seconds(
 
 
 def test_settings_the_server_does_not_honour_get_a_400_naming_them_not_a_quiet_200() -> None:
-    from nbtrain.worker.serve.engine import Params, RequestError
+    from nbtrain.worker.serve.request import Params, RequestError
 
     asked = {"logprobs": True, "top_logprobs": 3, "logit_bias": {"7": 5}, "presence_penalty": 0.5,
              "response_format": {"type": "json_object"}, "suffix": "x", "echo": 1, "best_of": 2}  # fmt: skip

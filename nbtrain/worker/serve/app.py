@@ -38,8 +38,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from nbtrain.contract.jsonbound import TooDeep, loads
-from nbtrain.worker.serve.engine import Cancelled, Engine, Output, Params, Prompt, RequestError
+from nbtrain.worker.serve.engine import Cancelled, Engine, Output, Prompt
 from nbtrain.worker.serve.limits import error_body
+from nbtrain.worker.serve.request import Params, RequestError
 from nbtrain.worker.serve.tools import HoldCalls, ToolRequest, openai_calls
 from nbtrain.worker.serve.tools import message as tool_message
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -24,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbtrain.contract.images import MAX_IMAGE_PIXELS, MAX_REQUEST_PIXELS
 from nbtrain.contract.rundir import RunPaths, read_json
 from nbtrain.worker.serve.batching import Batcher
+from nbtrain.worker.serve.images import content_parts
+from nbtrain.worker.serve.request import Params, RequestError
 
 TUNED = "tuned"
 BASE = "base"
@@ -34,20 +34,6 @@ DEFAULT_MAX_TOKENS = 128
 FALLBACK_CONTEXT = 4096  # a model whose config names no context length
 CHARS_PER_TOKEN_AT_MOST = 64  # no tokenizer's tokens average more characters than this over a prompt
 MIN_TEMPERATURE = 1e-5  # below it sampling is greedy (dividing logits by ~0 overflows)
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
-MAX_STOP_CHARS = 256
-
-
-class RequestError(ValueError):
-    """A request the engine cannot answer; the message says what to change (HTTP 400 by default)."""
-
-    def __init__(
-        self, message: str, param: str | None = None, status: int = 400, code: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.param = param
-        self.status = status
-        self.code = code
 
 
 class Cancelled(Exception):
@@ -59,89 +45,6 @@ class Cancelled(Exception):
         self.max_tokens = max_tokens
 
 
-def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
-        raise RequestError(f"{key} must be a number from {lo:g} to {hi:g}, not {v!r}", key)
-    return float(v)
-
-
-@dataclass
-class Params:
-    """OpenAI-style generation settings, checked. ``max_tokens`` None: the default, as far as the
-    context allows."""
-
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list[str] | None = None
-
-    @classmethod
-    def from_request(cls, body: dict[str, Any]) -> Params:
-        p = cls()
-        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        mt = body.get(key)
-        if mt is not None:
-            if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
-                raise RequestError(f"{key} must be a positive integer, not {mt!r}", key)
-            p.max_tokens = mt
-        temperature = _number(body, "temperature", 0.0, 2.0)
-        if temperature is not None:
-            p.temperature = temperature
-        top_p = _number(body, "top_p", 0.0, 1.0)
-        if top_p is not None:
-            p.top_p = top_p
-        seed = body.get("seed")
-        if seed is not None:
-            lo, hi = SEED_RANGE
-            if not isinstance(seed, int) or isinstance(seed, bool) or not lo <= seed <= hi:
-                raise RequestError(f"seed must be an integer from -2**63 to 2**64-1, not {seed!r}", "seed")
-            p.seed = seed
-        stop = body.get("stop")
-        if isinstance(stop, str):
-            stop = [stop]
-        if stop is not None:
-            if (
-                not isinstance(stop, list)
-                or not 0 < len(stop) <= 4
-                or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop)
-            ):
-                raise RequestError(
-                    f"stop must be a non-empty string or a list of up to 4 of them, each at most "
-                    f"{MAX_STOP_CHARS} characters",
-                    "stop",
-                )
-            p.stop = stop
-        n = body.get("n", 1)
-        if n != 1 or isinstance(n, bool):
-            raise RequestError("n must be 1: this server returns one choice per request", "n")
-        for key, asks in UNHONOURED.items():  # a 400 rather than a 200 that quietly ignores them
-            if asks(body.get(key)):
-                raise RequestError(
-                    f"{key} is not supported by this server (nbtrain's built-in one) and would be ignored: "
-                    f"leave it out",
-                    key,
-                )
-        return p
-
-
-# What this server does not do, as a request asks for it (a client's defaults, 0 and empty, pass).
-UNHONOURED: dict[str, Callable[[Any], bool]] = {
-    "logprobs": lambda v: bool(v),
-    "top_logprobs": lambda v: v not in (None, 0),
-    "logit_bias": lambda v: bool(v),
-    "response_format": lambda v: v not in (None, {"type": "text"}),
-    "presence_penalty": lambda v: v not in (None, 0),
-    "frequency_penalty": lambda v: v not in (None, 0),
-    "suffix": lambda v: bool(v),
-    "echo": lambda v: bool(v),
-    "best_of": lambda v: v not in (None, 1),
-}
-
-
 @dataclass
 class Prompt:
     """A checked request's token ids and the completion length it may have; ``extra``: what else the
@@ -150,85 +53,6 @@ class Prompt:
     ids: list[int]
     max_tokens: int
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-# The most images one request may carry, and the most bytes of each.
-MAX_IMAGES = 16
-MAX_IMAGE_BYTES = 32 * 2**20
-
-
-def request_image(url: Any, where: str, pixels_left: int = MAX_REQUEST_PIXELS) -> Any:
-    """The image of an ``image_url`` part: a ``data:`` URI (base64) or a ``file:`` URL / path of a regular
-    file on this machine, decoded with Pillow once its header says it has at most MAX_IMAGE_PIXELS (and at
-    most ``pixels_left``, what the request's earlier images left); RequestError naming the part otherwise."""
-    import io
-    import stat
-
-    from PIL import Image
-
-    from nbtrain.contract.images import ImageRowError, describe, image_source
-
-    if not isinstance(url, str) or not url:
-        raise RequestError(f"{where} needs image_url.url: a data: URI or a file: URL", "messages")
-    try:
-        kind, value = image_source(url, None)
-    except ImageRowError as e:
-        raise RequestError(f"{where}: {e}", "messages") from None
-    if kind == "url":
-        raise RequestError(
-            f"{where}: give the image as a data: URI or a file: URL, not {describe(url)[:80]}", "messages"
-        )
-    too_big = f"{where}: the image is over {MAX_IMAGE_BYTES // 2**20} MiB"
-    try:
-        if kind == "path":
-            st = Path(value).stat()
-            if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would hold the handler for ever
-                raise RequestError(f"{where}: {value} is not a regular file", "messages")
-            if st.st_size > MAX_IMAGE_BYTES:
-                raise RequestError(too_big, "messages")
-            source: Any = value
-        else:
-            if len(value) > MAX_IMAGE_BYTES:
-                raise RequestError(too_big, "messages")
-            source = io.BytesIO(value)
-        with Image.open(source) as im:  # reads the header only
-            pixels = im.width * im.height
-            if pixels > min(MAX_IMAGE_PIXELS, pixels_left):
-                most = min(MAX_IMAGE_PIXELS, pixels_left)
-                which = "per image" if most == MAX_IMAGE_PIXELS else "left for this request"
-                raise RequestError(
-                    f"{where}: the image is {im.width} x {im.height} ({pixels / 1e6:.0f} megapixels); at "
-                    f"most {most / 1e6:.0f} megapixels {which} ({MAX_REQUEST_PIXELS / 1e6:.0f} per "
-                    f"request): scale it down first",
-                    "messages",
-                )
-            return im.convert("RGB")
-    except RequestError:
-        raise
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise RequestError(f"{where}: not a readable image ({type(e).__name__}: {e})", "messages") from None
-
-
-def _content_parts(content: list[Any], where: str, images: list[Any]) -> list[dict[str, Any]]:
-    """OpenAI content parts (text, image_url) as the processor's chat template takes them; the images
-    decoded into ``images`` in order."""
-    parts: list[dict[str, Any]] = []
-    for j, part in enumerate(content):
-        here = f"{where}.content[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind == "image_url":
-            url = part.get("image_url")
-            url = url.get("url") if isinstance(url, dict) else url
-            if len(images) >= MAX_IMAGES:
-                raise RequestError(f"at most {MAX_IMAGES} images per request", "messages")
-            used = sum(im.width * im.height for im in images)
-            images.append(request_image(url, here, MAX_REQUEST_PIXELS - used))
-            parts.append({"type": "image", "image": images[-1]})
-        else:
-            raise RequestError(f"{here} must be a text or image_url part", "messages")
-    return parts
 
 
 @dataclass
@@ -438,7 +262,7 @@ class Engine:
             if has_calls and content is None:
                 content = ""
             if isinstance(content, list):
-                content = _content_parts(content, f"messages[{i}]", images)
+                content = content_parts(content, f"messages[{i}]", images)
                 if self.processor is None:
                     if images:
                         raise RequestError(

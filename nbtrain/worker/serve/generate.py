@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain.contract.rundir import atomic_write_json
-from nbtrain.worker.serve.engine import BASE, TUNED, Engine, Params, RequestError
+from nbtrain.worker.serve.engine import BASE, TUNED, Engine
+from nbtrain.worker.serve.request import Params, RequestError
 from nbtrain.worker.serve.tools import ToolRequest, message
 
 

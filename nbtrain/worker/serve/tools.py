@@ -19,7 +19,7 @@ from typing import Any
 
 from nbtrain.contract.errors import RowError
 from nbtrain.contract.tools import CALL_STYLES, ParsedCalls, normalise_tools, parse_tool_calls
-from nbtrain.worker.serve.engine import RequestError
+from nbtrain.worker.serve.request import RequestError
 
 # What starts a call in each style: the answer is begun with it when a call is required (``{name}``:
 # the named function's, when tool_choice names one).

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from nbtrain.examples.tools import TOOLS
-from nbtrain.worker.serve.engine import RequestError
+from nbtrain.worker.serve.request import RequestError
 from nbtrain.worker.serve.tools import HoldCalls, ToolRequest, message, openai_calls
 
 
