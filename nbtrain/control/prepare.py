@@ -218,6 +218,7 @@ def prepare(
     res = load_config(
         config, name=name, preset=preset, namespace=ns, runs=RegisteredRuns(), deferred=problems
     )
+    loaded = list(problems)  # the config's own, handed on by load_config
 
     def stage(fn: Callable[[], T]) -> T | None:
         try:
@@ -235,10 +236,18 @@ def prepare(
     if where is not None:
         planned = _plan_stage(res, where, preset, enforce_preset, hub_note, problems)
     if problems:
-        raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path)))
+        raise ConfigError(_one_each(problems, len(loaded)))
     assert planned is not None  # a stage that gave nothing has said why in ``problems``
     plan, hw, args, src = planned
     return Prepared(res, plan, hw, args, rewards=payload, hooks=hook_payload, preset=preset, gguf=src)
+
+
+def _one_each(problems: list[Problem], first: int) -> list[Problem]:
+    """The error's problems in the config's order, without a later stage's word on a key the config's own
+    problems already name (the later stages looked at the config with that key left out)."""
+    named = {p.path for p in problems[:first]}
+    kept = problems[:first] + [p for p in problems[first:] if p.path not in named]
+    return sorted(kept, key=lambda p: (p.line or 0, p.path))
 
 
 def _where(res: Resolved, hardware: Hardware | None, on: str | None) -> Where:

@@ -112,3 +112,14 @@ def test_an_untyped_gres_asks_for_the_card_and_no_scontrol_is_said(
     monkeypatch.setenv("PATH", str(workdir / "empty"))
     msg = refused(QLORA % ", gpu: H100-80GB")
     assert "scontrol is not on PATH here" in msg and "distributed.slurm.partition" in msg, msg
+
+
+def test_a_card_the_schema_refuses_is_said_once_not_again_by_the_partition(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the later stages plan with the refused key left out; their word on that key would only repeat it
+    monkeypatch.setenv("PATH", str(fake_scontrol(workdir / "bin", "gpu:a100:4")))
+    with pytest.raises(ConfigError) as e:
+        nbtrain.prepare(QLORA % ", gpu: A100")
+    on_gpu = [p for p in e.value.problems if p.path == "distributed.slurm.gpu"]
+    assert len(on_gpu) == 1 and "A100-40GB or A100-80GB" in on_gpu[0].message, e.value
