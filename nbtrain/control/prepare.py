@@ -502,7 +502,7 @@ def _planned(cfg: RunConfig, res: Resolved, plan: Plan, args: Mapping[str, Any])
     """What the preset's plan rules read of the plan (the preset sits below the planner)."""
     est = plan.estimate
     per_device = None if est is None else est["per_device_bytes"]
-    return Planned(cfg, res, plan.method, plan.strategy, plan.world_size, per_device, args)
+    return Planned(cfg, res, plan.method, plan.strategy, plan.device, plan.world_size, per_device, args)
 
 
 def check_resumed(prep: Prepared, resolved: Mapping[str, Any], where: Path) -> None:

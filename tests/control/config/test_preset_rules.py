@@ -33,13 +33,13 @@ def test_plan_rules_read_what_the_planner_chose_as_plain_values(
     monkeypatch.chdir(workdir)
     res = load_config(lora_yaml(5, method="auto"))
     preset = rules(methods=["lora"], max_processes=2, max_memory_gb=1.0, source=workdir / "lab.yaml")
-    planned = Planned(res.config, res, "full", "none", 4, 3 * 2**30, {})
+    planned = Planned(res.config, res, "full", "none", "cpu", 4, 3 * 2**30, {})
     items = plan_problems(preset, planned)
     assert [path for path, _ in items] == [("distributed", "num_processes"), ("method",), ()]
     assert "4 training processes (chosen by num_processes: auto)" in items[0][1]
     assert "method (chosen by method: auto) 'full' is not allowed" in items[1][1]
     assert "about 3.00 GiB per device (estimate), over the 1 GiB cap" in items[2][1]
-    given = Planned(res.config.model_copy(update={"method": "full"}), res, "full", "none", 1, None, {})
+    given = Planned(res.config.model_copy(update={"method": "full"}), res, "full", "none", "cpu", 1, None, {})
     [(path, message)] = plan_problems(preset, given)  # method given, one process: no estimate to cap
     assert path == ("model",) and "no memory estimate could be made for" in message
 

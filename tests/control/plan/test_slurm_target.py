@@ -123,3 +123,17 @@ def test_a_card_the_schema_refuses_is_said_once_not_again_by_the_partition(
         nbtrain.prepare(QLORA % ", gpu: A100")
     on_gpu = [p for p in e.value.problems if p.path == "distributed.slurm.gpu"]
     assert len(on_gpu) == 1 and "A100-40GB or A100-80GB" in on_gpu[0].message, e.value
+
+
+def test_a_course_gpu_cap_counts_the_gpus_the_plan_chose_when_gpus_per_node_is_left_out(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbtrain.control.config.preset import PRESET_FILE
+
+    monkeypatch.setenv("PATH", str(fake_scontrol(workdir / "bin", "gpu:h100:4")))
+    (workdir / PRESET_FILE).write_text("max_gpus: 2\n", encoding="utf-8")
+    left_out = lora_yaml(10) + "distributed:\n  nodes: 1\n  slurm: {partition: gpu}\n"
+    msg = refused(left_out)  # the plan takes the node's 4 GPUs: over the course's 2
+    assert "4 GPUs (gpus_per_node left out" in msg and "rule 'max_gpus'" in msg, msg
+    within = left_out.replace("{partition: gpu}", "{partition: gpu, gpus_per_node: 2}")
+    assert nbtrain.prepare(within).plan.world_size == 2

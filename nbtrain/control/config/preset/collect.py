@@ -77,6 +77,7 @@ class Planned:
     resolved: Resolved  # its data sources (evaluation rows are counted from them)
     method: str  # as planned
     strategy: str
+    device: str  # cpu | cuda | mps | npu, as planned
     world_size: int  # training processes in all
     per_device_bytes: int | None  # the memory estimate's; None when none could be made
     train_args: Mapping[str, Any]  # what the run trains with

@@ -50,6 +50,21 @@ def max_processes_chosen(p: Preset, c: Planned) -> Iterator[Item]:
         )
 
 
+def max_gpus_chosen(p: Preset, c: Planned) -> Iterator[Item]:
+    """GPUs per run where the plan chose them: a SLURM config that leaves gpus_per_node out is planned on
+    every GPU of its partition's nodes, which the rule on the config as written cannot count."""
+    slurm = c.config.distributed.slurm
+    if p.max_gpus is None or slurm is None or slurm.gpus_per_node is not None or c.device != "cuda":
+        return
+    if c.world_size > p.max_gpus:
+        yield (
+            ("distributed", "slurm", "gpus_per_node"),
+            f"{c.world_size} GPUs (gpus_per_node left out: every GPU of the partition's nodes, chosen by the "
+            f"plan) are over the cap of {p.where} (rule 'max_gpus'); allowed: 1 to {p.max_gpus}: set "
+            f"gpus_per_node",
+        )
+
+
 def methods_chosen(p: Preset, c: Planned) -> Iterator[Item]:
     if p.methods is not None and c.config.method == "auto" and c.method not in p.methods:
         what = "method (chosen by method: auto)"
@@ -201,6 +216,6 @@ def max_runs_at_once(p: Preset, c: Queued) -> Iterator[Item]:
 
 
 # the stages, each in the order its problems are said
-PLAN = (max_processes_chosen, methods_chosen, strategies_chosen, max_memory_gb)
+PLAN = (max_processes_chosen, max_gpus_chosen, methods_chosen, strategies_chosen, max_memory_gb)
 TRAIN_ARGS = (max_train_examples,)
 START = (max_runs_at_once,)
