@@ -1,4 +1,4 @@
-"""What the kernel (control.warm) and the warm process (worker.warm) agree on: where the warm process
+"""What the kernel (control.launch.warm) and the warm process (worker.warm) agree on: where the warm process
 listens, which environment it can serve, and the bytes of one request.
 
 A warm process has imported the training stack once and forks a child per request that becomes exactly

@@ -75,7 +75,7 @@ def _commands(prep: Prepared, run: Run, port: int) -> list[tuple[str, list[str]]
 
 def _submit_slurm(prep: Prepared, run: Run) -> Run:
     """Write the run's sbatch script and submit it; the job id goes into status.json (``slurm_job``), and
-    from then on the run's state is what SLURM says of it (control/slurm.py)."""
+    from then on the run's state is what SLURM says of it (control/launch/slurm.py)."""
     d = prep.resolved.config.distributed
     assert d.slurm is not None
     script = run.dir / "slurm.sbatch"
@@ -251,7 +251,7 @@ def prepare_resume(run: Run, *, job: str | None = None, restarts: int = 0) -> Pr
     cleared and the state is queued. ``job``: the SLURM job that will train it (a requeued job resuming
     itself: its previous start stopped at the time limit, which reads queued while the job requeues, so
     the job has checked the recorded state itself); ``restarts``: SLURM's restart count of that job, so a
-    status written before a later requeue reads as an earlier start's (control/slurm.py)."""
+    status written before a later requeue reads as an earlier start's (control/launch/slurm.py)."""
     if job is None:
         _check_resumable(run)
     for pickled in (rewards.REWARDS_FILE, hooks.HOOKS_FILE, "function.pkl"):  # the worker loads them

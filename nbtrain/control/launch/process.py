@@ -126,8 +126,8 @@ def start_process(
 
     ``env`` overrides entries of this process's environment (``replace_env``: is the whole environment);
     ``cwd`` None keeps this one's directory; ``pass_fds`` stay open in the child (every other descriptor
-    is closed). A process the warm process serves (control.warm) is forked by it when it can (``warm``),
-    else started cold, with one line in ``log`` saying why.
+    is closed). A process the warm process serves (control.launch.warm) is forked by it when it can
+    (``warm``), else started cold, with one line in ``log`` saying why.
     """
     reap()
     full_env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}

@@ -1,10 +1,10 @@
 """Warm start, the client's side: ask this user's warm process (nbtrain.worker.warm) to fork a process that
 would otherwise start cold.
 
-``try_warm`` is called by the one spawner (control.process.start_process) for the processes a warm process
-serves; any failure returns the reason, the spawner starts the process cold (and, when none answers, a warm
-process for the next run) and the run's log says why in one line. ``NBTRAIN_WARM=0`` turns it off. Starting,
-listing and stopping warm processes is nbtrain.control.launch.warm.
+``try_warm`` is called by the one spawner (control.launch.process.start_process) for the processes a warm
+process serves; any failure returns the reason, the spawner starts the process cold (and, when none
+answers, a warm process for the next run) and the run's log says why in one line. ``NBTRAIN_WARM=0``
+turns it off. Starting, listing and stopping warm processes is nbtrain.control.launch.warm.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Kernel-safe: no torch, transformers or bitsandbytes import. Everything is computed from the architecture's
 hyperparameters (the parameter count is exact for Llama-style decoders) and from what nbtrain's worker
-actually does (``nbtrain/worker/sft.py``):
+actually does (``nbtrain/worker/recipes/sft.py``):
 
 * full fine-tune: weights load in fp32 and autocast does the 16-bit math, so without DeepSpeed the
   parameters themselves are the fp32 "master" copy;

@@ -72,7 +72,7 @@ class RunStatus:
     # {repo, done, total, rate (bytes/s), files}.
     phase: str | None = None
     download: dict[str, Any] | None = None
-    # A SLURM run's job as SLURM has it (control/slurm.py): job, state, reason, start, nodes, words...
+    # A SLURM run's job as SLURM has it (control/launch/slurm.py): job, state, reason, start, nodes, words...
     slurm: dict[str, Any] | None = None
     # The worker's step timing (the median of its last steps' wall seconds, when the last one ended), and
     # whether a stop was asked for and is not done yet: what a stop waits for and says.
