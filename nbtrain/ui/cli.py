@@ -16,12 +16,7 @@ import sys
 
 from nbtrain.contract.errors import ConfigError, NbtrainError
 from nbtrain.ui.verb import Verb, VerbUsageError, escape_help
-from nbtrain.ui.verbs import (
-    TABLE,
-    find,
-    notebook_only_message,
-    unknown_verb,
-)
+from nbtrain.ui.verbs import TABLE, find, notebook_only_message, unknown_verb
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

@@ -18,13 +18,9 @@ from IPython.core.magic_arguments import MagicArgumentParser
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.ui.verb import Verb, VerbUsageError, escape_help
-from nbtrain.ui.verbs import (
-    RUN_OPTIONS,
-    VERBS,
-    close_views,
-    find,
-    unknown_verb,
-)
+from nbtrain.ui.verbs import VERBS, find, unknown_verb
+from nbtrain.ui.verbs.runs import RUN_OPTIONS
+from nbtrain.ui.verbs.views import close_views
 
 
 class _HelpShown(Exception):

@@ -9,7 +9,8 @@ import pytest
 from nbtrain.ui import cli
 from nbtrain.ui.magics import _HelpShown, cell_parser, verb_parser
 from nbtrain.ui.verb import Verb
-from nbtrain.ui.verbs import RUN_OPTIONS, TABLE, VERBS
+from nbtrain.ui.verbs import TABLE, VERBS
+from nbtrain.ui.verbs.runs import RUN_OPTIONS
 
 
 def _shape(parser: argparse.ArgumentParser) -> tuple[set[str], list[str]]:
