@@ -108,7 +108,7 @@ def main() -> int:
                 run_cell(kc, "%load_ext nbtrain")
             run_cell(kernels["dashboard"][1], "%finetune attach latency")
             dash = kernels["dashboard"][1]
-            views = "[v.updates for v in __import__('nbtrain.ui.magics').magics._VIEWS]"
+            views = "[v.updates for v in __import__('nbtrain.ui.verbs.views', fromlist=['VIEWS']).VIEWS]"
 
             for _, kc in kernels.values():  # warm-up: first cells pay for lazy imports
                 for _ in range(10):
