@@ -31,6 +31,7 @@ from nbtrain.contract.objectives import rewards_objectives
 from nbtrain.control.config import trainargs
 from nbtrain.control.config.load import load_config
 from nbtrain.control.config.preset import Planned, Preset, find_preset, plan_problems, train_args_problems
+from nbtrain.control.config.preset.configrules import config_problems
 from nbtrain.control.config.problems import problems_error
 from nbtrain.control.config.rules.batch import planned_problems
 from nbtrain.control.config.schema import Resolved, RunConfig, VisionSettings
@@ -520,7 +521,7 @@ def check_resumed(prep: Prepared, resolved: Mapping[str, Any], where: Path) -> N
     if prep.preset is not None:
         config = resolved.get("config")
         raw = {**(config if isinstance(config, Mapping) else {}), "train": dict(args)}
-        items += [i for i in prep.preset.config_problems(raw, Path.cwd()) if i[0][:1] == ("train",)]
+        items += [i for i in config_problems(prep.preset, raw, Path.cwd()) if i[0][:1] == ("train",)]
         planned = _planned(prep.resolved.config, prep.resolved, prep.plan, args)
         items += train_args_problems(prep.preset, planned)
     if items:

@@ -15,6 +15,7 @@ and ``output_path`` write what sbatch reads back unchanged (the run directory in
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 NO, REQUIRED, OPTIONAL = "no", "required", "optional"
@@ -204,3 +205,18 @@ def output_path(path: str, pattern: str) -> str:
 
 
 __all__ = ["OPTIONS", "Directive", "Unwritable", "directives", "output_path", "value", "words"]
+
+
+def slurm_seconds(text: str) -> int | None:
+    """A SLURM time ("30", "30:00", "1:30:00", "2-12", "2-12:30", "2-12:30:00") in seconds; None if not."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if m is None:
+        return None
+    days, a, b, c = (int(x) if x else None for x in m.groups())
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        return days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:  # H:M:S
+        return (a or 0) * 3600 + (b or 0) * 60 + c
+    if b is not None:  # M:S
+        return (a or 0) * 60 + b
+    return (a or 0) * 60  # M

@@ -10,19 +10,52 @@ import os
 import posixpath
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nbtrain.control.config.preset.collect import Item, Items, Written, collect, not_allowed
-from nbtrain.control.config.preset.slurmrules import SLURM
+from nbtrain.control.config.preset.model import PATH_KEYS, Preset
+from nbtrain.control.config.preset.slurmrules import SLURM, fill_requeues
 
-if TYPE_CHECKING:
-    from nbtrain.control.config.preset.model import Preset
 
-PATH_KEYS = ("train", "eval", "path")  # whose string values are paths (or hub ids) in data:
+def fill(preset: Preset, raw: Mapping[Any, Any]) -> dict[Any, Any]:
+    """``raw`` (a parsed config) with what the presets in force fix and the config leaves out filled in
+    (``preset``'s first), and the requeues a run gets under max_time."""
+    out = dict(raw)
+    for p in preset.chain():
+        out = _fill_one(p, out)
+    return fill_requeues(preset, out)
+
+
+def _fill_one(p: Preset, raw: Mapping[Any, Any]) -> dict[Any, Any]:
+    out = dict(raw)
+    dist = out.get("distributed")
+    if p.slurm is not None and (dist is None or isinstance(dist, dict)):
+        dist = dict(dist or {})
+        own = dist.get("slurm")
+        dist["slurm"] = {**p.slurm, **own} if isinstance(own, dict) else own or dict(p.slurm)
+        out["distributed"] = dist
+    if p.data is not None:
+        data = out.get("data")
+        if data is None:
+            out["data"] = p.fixed_data
+        elif isinstance(data, dict):
+            out["data"] = {**p.fixed_data, **data}
+    train = out.get("train")
+    if train is None or isinstance(train, dict):
+        filled = dict(train or {})
+        if p.seed is not None:
+            filled.setdefault("seed", p.seed)
+        if p.max_steps is not None:
+            filled.setdefault("max_steps", p.max_steps)
+        if filled:
+            out["train"] = filled
+    return out
 
 
 def config_problems(preset: Preset, raw: Mapping[Any, Any], base: Path) -> Items:
-    """Violations in what the config says (after ``fill``) of every preset in force."""
+    """Violations in what the config says (after ``fill``) of every preset in force: (key path, message)
+    pairs. Values left to ``auto``, the memory cap and the compute cap are checked once planned
+    (planrules.py)."""
     return collect(preset.chain(), CONFIG, Written(raw, base))
 
 

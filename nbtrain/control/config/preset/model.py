@@ -5,7 +5,6 @@ configrules.py, slurmrules.py and planrules.py."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from nbtrain.contract.hooks import KEYS as hook_keys
 from nbtrain.control.config.choices import AvailableObjective, Method, Strategy
-from nbtrain.control.config.preset.collect import Items
-from nbtrain.control.config.preset.configrules import PATH_KEYS, config_problems
-from nbtrain.control.config.preset.slurmrules import fill_requeues, slurm_seconds
 from nbtrain.control.launch import sbatch
 
 PRESET_FILE = "nbtrain.lab.yaml"
 PRESET_ENV = "NBTRAIN_PRESET"
 # data: keys a preset may fix (those of DataSettings that name what is trained on, not how it is read)
 DATA_KEYS = ("train", "eval", "format", "eval_split", "max_samples", "columns")
+PATH_KEYS = ("train", "eval", "path")  # whose string values are paths (or hub ids) in data:
 
 
 # The caps a preset can set, as its rules list them: (field, what the number counts).
@@ -115,7 +112,7 @@ class Preset(BaseModel):
     @field_validator("max_time")
     @classmethod
     def _time_ok(cls, v: Any) -> Any:
-        if v is not None and slurm_seconds(v) is None:
+        if v is not None and sbatch.slurm_seconds(v) is None:
             raise ValueError(f"max_time {v!r} is not a SLURM time (minutes, HH:MM:SS, D-HH:MM...)")
         return v
 
@@ -181,46 +178,6 @@ class Preset(BaseModel):
         out.append(f"trust_remote_code: {'allowed' if self.trust_remote_code else 'not allowed'}")
         out.append(f"hooks: {', '.join(self.hooks) + ' allowed' if self.hooks else 'none allowed'}")
         return out
-
-    # ------------------------------------------------------------------------------------ applying
-    def fill(self, raw: Mapping[Any, Any]) -> dict[Any, Any]:
-        """``raw`` (a parsed config) with what the presets in force fix and the config leaves out filled
-        in (this one's first)."""
-        out = dict(raw)
-        for preset in self.chain():
-            out = preset._fill_one(out)
-        return fill_requeues(self, out)
-
-    def _fill_one(self, raw: Mapping[Any, Any]) -> dict[Any, Any]:
-        out = dict(raw)
-        dist = out.get("distributed")
-        if self.slurm is not None and (dist is None or isinstance(dist, dict)):
-            dist = dict(dist or {})
-            own = dist.get("slurm")
-            dist["slurm"] = {**self.slurm, **own} if isinstance(own, dict) else own or dict(self.slurm)
-            out["distributed"] = dist
-        if self.data is not None:
-            data = out.get("data")
-            if data is None:
-                out["data"] = self.fixed_data
-            elif isinstance(data, dict):
-                out["data"] = {**self.fixed_data, **data}
-        train = out.get("train")
-        if train is None or isinstance(train, dict):
-            filled = dict(train or {})
-            if self.seed is not None:
-                filled.setdefault("seed", self.seed)
-            if self.max_steps is not None:
-                filled.setdefault("max_steps", self.max_steps)
-            if filled:
-                out["train"] = filled
-        return out
-
-    def config_problems(self, raw: Mapping[Any, Any], base: Path) -> Items:
-        """Violations in what the config says (after ``fill``) of every preset in force: (key path,
-        message) pairs (configrules.py). Values left to ``auto``, the memory cap and the compute cap are
-        checked once planned (planrules.py)."""
-        return config_problems(self, raw, base)
 
     # ------------------------------------------------------------------------------------ the panel
     def locked(self) -> dict[str, Any]:

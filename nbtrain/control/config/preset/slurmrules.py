@@ -6,12 +6,12 @@ touch nothing."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.control.config.preset.collect import Item, Items, Written
 from nbtrain.control.launch import sbatch
+from nbtrain.control.launch.sbatch import slurm_seconds
 
 if TYPE_CHECKING:
     from nbtrain.control.config.preset.model import Preset
@@ -43,21 +43,6 @@ def _clock(seconds: int) -> str:
     days, rest = divmod(seconds, 86400)
     clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
     return f"{days}-{clock}" if days else clock
-
-
-def slurm_seconds(text: str) -> int | None:
-    """A SLURM time ("30", "30:00", "1:30:00", "2-12", "2-12:30", "2-12:30:00") in seconds; None if not."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
-    if m is None:
-        return None
-    days, a, b, c = (int(x) if x else None for x in m.groups())
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        return days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
-    if c is not None:  # H:M:S
-        return (a or 0) * 3600 + (b or 0) * 60 + c
-    if b is not None:  # M:S
-        return (a or 0) * 60 + b
-    return (a or 0) * 60  # M
 
 
 def fill_requeues(preset: Preset, raw: dict[Any, Any]) -> dict[Any, Any]:
