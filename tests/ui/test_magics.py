@@ -210,7 +210,7 @@ def test_eval_export_and_tensorboard_verbs_refuse_bad_input_in_the_kernel(
 ) -> None:
     import shutil
 
-    run = workdir / "copied-run"
+    run = workdir / "elsewhere" / "copied-run"  # in a runs root of its own: ./taken is outside it
     shutil.copytree(tuned_run, run, ignore=shutil.ignore_patterns("checkpoints"))
     (workdir / "taken").mkdir()
     (workdir / "taken" / "f.txt").write_text("mine")
