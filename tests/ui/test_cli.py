@@ -26,7 +26,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(workdir: Path) -> None:
     p = cli("run", "c.yaml", "--dry-run", "--name", "clidry")
     assert p.returncode == 0, p.stderr
     assert "nbtrain dry run: clidry" in p.stdout and "train args (SFTConfig)" in p.stdout
-    assert cli("ls").stdout.strip() == "no runs yet"
+    assert cli("ls").stdout.splitlines()[0] == "no runs yet"  # (a line on warm processes may follow)
 
 
 def test_bad_config_exits_2_with_the_problems(workdir: Path) -> None:
@@ -66,7 +66,7 @@ def test_probe_is_refused_for_a_bad_config_like_run(workdir: Path) -> None:
     (workdir / "c.yaml").write_text(lora_yaml().replace("method: lora", "method: lorra"))
     p = cli("probe", "c.yaml", "--steps", "2", "--name", "pr")
     assert p.returncode == 2 and "did you mean 'lora'" in p.stderr
-    assert cli("ls").stdout.strip() == "no runs yet"
+    assert cli("ls").stdout.splitlines()[0] == "no runs yet"  # (a line on warm processes may follow)
 
 
 def test_record_prints_the_run_record_as_json(tuned_run: Path, workdir: Path) -> None:
