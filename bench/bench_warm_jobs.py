@@ -79,7 +79,7 @@ def main() -> int:
         "model": args.model,
     }
     import nbtrain
-    from nbtrain.contract.warm import ENV_DIR
+    from nbtrain.contract.warmproto import ENV_DIR
     from nbtrain.control.launch import warm
     from nbtrain.examples import make_tiny_model, write_dataset
 

@@ -35,7 +35,7 @@ def warm_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (tests/control/launch/test_warm.py checks both). The per-user folder the warm processes register in
     (and make room in: NBTRAIN_WARM_MAX) is the session's own, so a session never asks another session's
     warm processes, or the user's own, to exit."""
-    from nbtrain.contract.warm import ENV_DIR, ENV_USER_DIR
+    from nbtrain.contract.warmproto import ENV_DIR, ENV_USER_DIR
     from nbtrain.control.launch import warm
 
     folder = tmp_path_factory.mktemp("warm")

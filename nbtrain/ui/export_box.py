@@ -23,7 +23,7 @@ from typing import Any, Final
 import ipywidgets as widgets
 
 from nbtrain.contract.errors import NbtrainError
-from nbtrain.contract.gguf import GGUF_LORA_TYPES
+from nbtrain.contract.ggufcache import GGUF_LORA_TYPES
 from nbtrain.control.jobs.export import ExportResult, export, run_method
 from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 

@@ -4,7 +4,7 @@
 
 transformers reads GGUF itself (``from_pretrained(folder, gguf_file=NAME)``, dequantising with the ``gguf``
 package) but will not save what it loaded, and dequantising again at every run costs seconds to minutes.
-So the first process that needs the file converts it into ``nbtrain.contract.gguf.converted_dir(sha256,
+So the first process that needs the file converts it into ``nbtrain.contract.ggufcache.converted_dir(sha256,
 dtype)`` (safetensors, tokenizer with its chat template, config, generation config) under that folder's
 lock, writes it beside its place and renames it in whole; a second process converting the same file at
 the same time waits for the lock and finds the folder made. While a run converts, status.json says
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nbtrain.contract import gguf as cache
+from nbtrain.contract import ggufcache
 from nbtrain.contract.rundir import RunPaths, atomic_write_json, write_status
 
 
@@ -102,7 +102,7 @@ def convert(file: str | Path, out: str | Path, dtype: str = "float32", paths: Ru
         model.config.name_or_path = str(out)
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        (tmp / cache.CONVERTED).write_text(f"{file}\n", encoding="utf-8")
+        (tmp / ggufcache.CONVERTED).write_text(f"{file}\n", encoding="utf-8")
         if out.exists():
             _replace_dir(tmp, out)
         else:
@@ -124,11 +124,11 @@ def _replace_dir(tmp: Path, out: Path) -> None:
 
 def ensure(file: str | Path, dtype: str, paths: RunPaths | None = None, sha256: str | None = None) -> Path:
     """The converted folder of ``file`` in ``dtype``, converting it first unless another process did."""
-    folder = cache.converted_dir(sha256 or cache.file_sha256(file), dtype)
-    if cache.is_converted(folder):
+    folder = ggufcache.converted_dir(sha256 or ggufcache.file_sha256(file), dtype)
+    if ggufcache.is_converted(folder):
         return folder
-    with cache.conversion_lock(folder):
-        if not cache.is_converted(folder):  # made by the process that held the lock before us
+    with ggufcache.conversion_lock(folder):
+        if not ggufcache.is_converted(folder):  # made by the process that held the lock before us
             convert(file, folder, dtype, paths)
     return folder
 
@@ -153,7 +153,7 @@ def use_converted(resolved: dict[str, Any], paths: RunPaths | None = None) -> di
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nbtrain.worker.gguf", description=__doc__.split("\n")[0])
     ap.add_argument("file", help="a .gguf file")
-    ap.add_argument("--dtype", default="float32", choices=cache.DTYPES)
+    ap.add_argument("--dtype", default="float32", choices=ggufcache.DTYPES)
     ap.add_argument("--result", help="write {folder} or {error} here as JSON (the kernel's job runner)")
     args = ap.parse_args(argv)
     try:

@@ -1,5 +1,5 @@
 """The warm process: ``python -m nbtrain.worker.warm``. It imports the training stack once, listens on a
-Unix socket (nbtrain.contract.warm) and forks, per request, a child that becomes exactly what
+Unix socket (nbtrain.contract.warmproto) and forks, per request, a child that becomes exactly what
 ``python -m MODULE ARGS`` started cold would be (the training worker, the model server, the export,
 preview and score jobs): its own session and process group, the log as stdout/stderr, stdin from
 /dev/null, the passed descriptors under their numbers, the request's working directory and environment,
@@ -22,10 +22,10 @@ Safe by construction:
   on a request after either changed on disk it answers "cold" and exits;
 - one per key: a lock file held for its lifetime; it exits after ``NBTRAIN_WARM_IDLE`` seconds (default
   1800) without a request, or on SIGTERM, removing its socket;
-- a bounded number per user: each registers in the user's folder (``contract.warm.user_dir``, whatever its
-  NBTRAIN_HOME) and, before it imports anything, asks the least recently used idle ones of this user to
-  exit until at most ``NBTRAIN_WARM_MAX`` (default 2) are left, itself included. It is asked over its own
-  socket and answers between requests (one thread), so none exits while it forks a child;
+- a bounded number per user: each registers in the user's folder (``contract.warmproto.user_dir``,
+  whatever its NBTRAIN_HOME) and, before it imports anything, asks the least recently used idle ones of
+  this user to exit until at most ``NBTRAIN_WARM_MAX`` (default 2) are left, itself included. It is asked
+  over its own socket and answers between requests (one thread), so none exits while it forks a child;
 - the first to give memory back: it checks the machine's available memory every MEMORY_CHECK_S while it
   idles and exits when it is below ``NBTRAIN_WARM_MIN_AVAILABLE_MB`` (default 10% of the RAM, at most
   2048 MB); the spawner starts none below it (control.launch.process.start_warm).
@@ -55,7 +55,7 @@ from typing import Any
 
 import psutil
 
-from nbtrain.contract import warm as proto
+from nbtrain.contract import warmproto
 from nbtrain.contract.rundir import RunPaths, read_json
 from nbtrain.worker.lean import WHY_HIDDEN, hide_packages, unused_packages
 
@@ -121,7 +121,7 @@ def refusal(request: dict[str, Any], key: str, started_stamp: str) -> str | None
         return "not an argv list"
     if argv[0] != sys.executable or argv[1] != "-m":
         return f"another interpreter ({argv[0]})"
-    if argv[2] not in proto.SERVED:
+    if argv[2] not in warmproto.SERVED:
         return f"{argv[2]} is not served warm"
     numbers = request.get("fds") or []
     if not (isinstance(numbers, list) and all(type(n) is int and 3 <= n < HIGH for n in numbers)):
@@ -129,7 +129,7 @@ def refusal(request: dict[str, Any], key: str, started_stamp: str) -> str | None
     if len(set(numbers)) != len(numbers):
         return "a descriptor number is asked for twice"
     env = request.get("env")
-    if not isinstance(env, dict) or proto.env_key(env) != key:
+    if not isinstance(env, dict) or warmproto.env_key(env) != key:
         return "its environment differs from the warm process's where libraries read it at import"
     if stamp() != started_stamp:
         return "nbtrain or the training stack changed since the warm process started"
@@ -261,7 +261,7 @@ def answer(
         if why is None and threads() != 1:
             why = f"the warm process has {threads()} threads (it forks only with one)"
         if why is not None:
-            proto.send_reply(conn, {"cold": why})
+            warmproto.send_reply(conn, {"cold": why})
             return "changed since" not in why
         if client_gone(conn):  # it gave up waiting (and started the process cold): no fork for it
             print(
@@ -281,7 +281,7 @@ def answer(
         ok = os.read(r, 1) == b"1"  # the child leads its session now: pgid == pid
         os.close(r)
         try:
-            proto.send_reply(conn, {"pid": pid} if ok else {"cold": "the forked child did not start"})
+            warmproto.send_reply(conn, {"pid": pid} if ok else {"cold": "the forked child did not start"})
         except OSError:  # the client left between the check and the fork: nobody knows this child
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
@@ -334,23 +334,23 @@ def memory_short() -> str | None:
     """Why this warm process must give its memory back now (the machine's available memory is below the
     floor), or None."""
     vm = psutil.virtual_memory()
-    return proto.memory_short(int(vm.available), int(vm.total))
+    return warmproto.memory_short(int(vm.available), int(vm.total))
 
 
 def make_room(me: int) -> int:
     """Ask the least recently used idle warm processes of this user to exit (and wait until they have) until
     at most ``NBTRAIN_WARM_MAX`` are left with this one; returns how many exited. One still importing (no
     socket yet) or reading another request is not idle and stays: the next start makes room again."""
-    limit = proto.max_processes()
-    others = [e for e in proto.registered() if int(e["pid"]) != me]
+    limit = warmproto.max_processes()
+    others = [e for e in warmproto.registered() if int(e["pid"]) != me]
     excess = len(others) + 1 - limit
     gone = 0
     for entry in others:  # least recently used first
         if excess <= 0:
             break
-        why = f"warm process {me} starts and at most {limit} per user are kept ({proto.ENV_MAX})"
-        if proto.ask_to_exit(entry, why):
-            proto.wait_gone(int(entry["pid"]), float(entry["created"]))
+        why = f"warm process {me} starts and at most {limit} per user are kept ({warmproto.ENV_MAX})"
+        if warmproto.ask_to_exit(entry, why):
+            warmproto.wait_gone(int(entry["pid"]), float(entry["created"]))
             idle_s = time.time() - float(entry["last_used"])
             print(
                 f"nbtrain warm: warm process {entry['pid']} (key {entry.get('key')}, {entry.get('folder')}, "
@@ -361,17 +361,18 @@ def make_room(me: int) -> int:
             gone += 1
     if excess > 0:
         print(
-            f"nbtrain warm: {excess} warm process(es) over {proto.ENV_MAX}={limit} are busy; kept", flush=True
+            f"nbtrain warm: {excess} warm process(es) over {warmproto.ENV_MAX}={limit} are busy; kept",
+            flush=True,
         )
     return gone
 
 
 def serve(idle: float) -> int:
     t0 = time.monotonic()
-    key = proto.env_key(os.environ)  # before preload sets its own variables
-    folder = proto.warm_dir()
+    key = warmproto.env_key(os.environ)  # before preload sets its own variables
+    folder = warmproto.warm_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if why := proto.folder_problem(folder):
+    if why := warmproto.folder_problem(folder):
         print(f"nbtrain warm: not serving: {why}", flush=True)
         return 1
     lock = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -384,7 +385,7 @@ def serve(idle: float) -> int:
     os.write(lock, f"{os.getpid()} {_created()}".encode())
     entry_info = {"pid": os.getpid(), "created": _created(), "key": key, "folder": str(folder),
                   "python": sys.executable, "started": time.time()}  # fmt: skip
-    entry = proto.register(entry_info)
+    entry = warmproto.register(entry_info)
     try:
         make_room(os.getpid())  # before the imports: the memory they take is given back first
         return _serve(t0, key, folder, lock, idle, entry, entry_info)
@@ -402,7 +403,7 @@ def _serve(
         print("nbtrain warm: an import initialised CUDA; this process cannot fork runs, exiting", flush=True)
         return 1
     started_stamp = stamp()
-    path = proto.socket_path(key)
+    path = warmproto.socket_path(key)
     srv = bind(path)
     me = os.stat(path).st_ino
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are collected by the system: no zombies
@@ -415,7 +416,7 @@ def _serve(
     print(f"nbtrain warm: ready in {info['ready_s']} s, {json.dumps(info)}", flush=True)
     (folder / f"{key}.json").write_text(json.dumps(info))
     if entry is not None:
-        proto.register({**entry_info, "socket": str(path)})  # ready: it can be asked to exit now
+        warmproto.register({**entry_info, "socket": str(path)})  # ready: it can be asked to exit now
     try:
         make_room(os.getpid())  # again: others that were still importing may be ready now
         return loop(srv, idle, key, started_stamp, lock, entry)
@@ -433,13 +434,13 @@ def loop(
     srv: socket.socket, idle: float, key: str, started_stamp: str, lock: int, entry: Path | None = None
 ) -> int:
     """Serve until idle for ``idle`` s, stale, short of memory or asked to exit. Many clients at once: each
-    request is read as its bytes come (proto.RequestReader) and answered when whole, so a client that
+    request is read as its bytes come (warmproto.RequestReader) and answered when whole, so a client that
     stalls or trickles holds up nobody (it is cut off after REQUEST_SECONDS); one thread throughout, as
     fork needs. ``entry``: its file in the user's folder, touched at each request (when it was last used).
-    An exit request (``{"exit": why}``, contract.warm.ask_to_exit) is answered between requests, and only
+    An exit request (``{"exit": why}``, contract.warmproto.ask_to_exit) is answered between requests, and only
     while no other request is being read."""
     srv.setblocking(False)
-    pending: dict[socket.socket, proto.RequestReader] = {}
+    pending: dict[socket.socket, warmproto.RequestReader] = {}
     last = time.monotonic()
     next_check = last  # the first memory check comes at once
     with selectors.DefaultSelector() as sel:
@@ -481,7 +482,7 @@ def loop(
                     except ValueError as e:  # malformed, too large, nested too deep: refused, never fatal
                         print(f"nbtrain warm: {e}; the connection is closed", flush=True)
                         with contextlib.suppress(OSError):  # the client starts cold, told why
-                            proto.send_reply(conn, {"cold": str(e)})
+                            warmproto.send_reply(conn, {"cold": str(e)})
                         drop(conn)
                         continue
                     if got is None:
@@ -509,7 +510,7 @@ def loop(
                         print("nbtrain warm: nbtrain or the training stack changed, exiting", flush=True)
                         return 0
                 for conn in [c for c, r in pending.items() if r.expired(now)]:
-                    late = f"the warm request did not arrive within {proto.REQUEST_SECONDS:g} s"
+                    late = f"the warm request did not arrive within {warmproto.REQUEST_SECONDS:g} s"
                     print(f"nbtrain warm: {late}; the connection is closed", flush=True)
                     drop(conn)
         finally:
@@ -526,7 +527,7 @@ def exit_asked(conn: socket.socket, got: tuple[dict[str, Any], list[int]], busy:
     try:
         conn.setblocking(True)
         conn.settimeout(2)
-        proto.send_reply(conn, {"busy": "a request is being read"} if busy else {"exiting": os.getpid()})
+        warmproto.send_reply(conn, {"busy": "a request is being read"} if busy else {"exiting": os.getpid()})
     except OSError:
         return False  # the asker left: it does not count on this exit
     finally:
@@ -537,7 +538,7 @@ def exit_asked(conn: socket.socket, got: tuple[dict[str, Any], list[int]], busy:
 
 
 def accept(
-    srv: socket.socket, sel: selectors.BaseSelector, pending: dict[socket.socket, proto.RequestReader]
+    srv: socket.socket, sel: selectors.BaseSelector, pending: dict[socket.socket, warmproto.RequestReader]
 ) -> None:
     """Take the connections waiting on ``srv``: this user's are read from now on, anyone else's closed."""
     while len(pending) < MAX_CLIENTS:
@@ -548,7 +549,7 @@ def accept(
         if not peer_is_me(conn):
             conn.close()  # not this user's: no answer
             continue
-        pending[conn] = proto.RequestReader(conn)
+        pending[conn] = warmproto.RequestReader(conn)
         sel.register(conn, selectors.EVENT_READ)
 
 
@@ -562,7 +563,7 @@ def _created() -> float:
 
 
 def main() -> int:
-    idle = float(os.environ.get(proto.ENV_IDLE, "1800"))
+    idle = float(os.environ.get(warmproto.ENV_IDLE, "1800"))
     return serve(idle)
 
 

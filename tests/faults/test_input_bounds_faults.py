@@ -32,7 +32,7 @@ PAST_THE_LIMIT = "levels deep, past the 100 levels of arrays and objects nbtrain
 def test_a_warm_request_nested_100k_deep_is_refused_and_the_warm_process_forks_the_next(
     tmp_path: Path, warm_processes: Path
 ) -> None:
-    from nbtrain.contract import warm as proto
+    from nbtrain.contract import warmproto
     from nbtrain.control.launch import process, warmclient
     from tests.control.launch.test_warm import wait_ready
 
@@ -42,7 +42,7 @@ def test_a_warm_request_nested_100k_deep_is_refused_and_the_warm_process_forks_t
         s.connect(ready["socket"])
         s.sendall(struct.pack(">I", len(body)) + body)
         s.settimeout(30)
-        reply = proto.recv_reply(s)
+        reply = warmproto.recv_reply(s)
     assert f"nested 100001 {PAST_THE_LIMIT}" in reply["cold"], reply  # refused, and told why
     assert psutil.pid_exists(ready["pid"])  # alive...
     env = {**os.environ, **process.job_env()}

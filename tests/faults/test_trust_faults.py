@@ -151,10 +151,10 @@ def test_a_notebook_launcher_record_of_another_user_signals_none_of_my_pids(
 
 
 def test_exit_files_nobody_will_read_are_removed_at_the_next_start(workdir: Path) -> None:
-    from nbtrain.contract import warm as proto
+    from nbtrain.contract import warmproto
     from nbtrain.control.launch import warmclient
 
-    exits = proto.warm_dir(os.environ) / "exit"
+    exits = warmproto.warm_dir(os.environ) / "exit"
     exits.mkdir(parents=True, exist_ok=True)
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -172,26 +172,26 @@ def test_exit_files_nobody_will_read_are_removed_at_the_next_start(workdir: Path
 
 
 def test_a_run_that_sets_its_thread_count_is_not_forked_from_a_process_with_another() -> None:
-    from nbtrain.contract import warm as proto
+    from nbtrain.contract import warmproto
 
     base = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
-    plain = proto.env_key(base)
+    plain = warmproto.env_key(base)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        one = proto.env_key({**base, var: "1"})
-        assert one != plain and one != proto.env_key({**base, var: "2"})  # a warm process of its own
-    assert proto.env_key({**base, "CUDA_VISIBLE_DEVICES": "1"}) == plain  # read in the child: shared
+        one = warmproto.env_key({**base, var: "1"})
+        assert one != plain and one != warmproto.env_key({**base, var: "2"})  # a warm process of its own
+    assert warmproto.env_key({**base, "CUDA_VISIBLE_DEVICES": "1"}) == plain  # read in the child: shared
 
 
 def test_a_warm_folder_another_user_made_first_gets_no_request_and_no_secret(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nbtrain.contract import warm as proto
+    from nbtrain.contract import warmproto
     from nbtrain.control.launch import warmclient
 
     folder = Path(tempfile.mkdtemp(prefix="nbtrain-their-warm-"))
     got = folder / "what-i-received"
-    env = {**os.environ, proto.ENV_DIR: str(folder / "warm"), "HF_TOKEN": "hf_secret_of_mine"}
-    sock = proto.socket_path(proto.env_key(env), env)
+    env = {**os.environ, warmproto.ENV_DIR: str(folder / "warm"), "HF_TOKEN": "hf_secret_of_mine"}
+    sock = warmproto.socket_path(warmproto.env_key(env), env)
     folder.chmod(0o777)  # /tmp-like: anyone may make the warm folder first
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("switching to another uid needs root and setpriv")
@@ -233,11 +233,11 @@ def test_a_warm_folder_another_user_made_first_gets_no_request_and_no_secret(
 def test_the_warm_folder_and_the_registry_read_nbtrain_home_alike(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nbtrain.contract import warm as proto
+    from nbtrain.contract import warmproto
     from nbtrain.contract.paths import home_dir
 
     monkeypatch.chdir(tmp_path)
     for home in ("~/nb-home", "relative/home", str(tmp_path / "abs")):
-        env = {k: v for k, v in os.environ.items() if k != proto.ENV_DIR} | {"NBTRAIN_HOME": home}
-        assert proto.warm_dir(env) == home_dir(env) / "warm"
-        assert proto.warm_dir(env).is_absolute() and "~" not in str(proto.warm_dir(env))
+        env = {k: v for k, v in os.environ.items() if k != warmproto.ENV_DIR} | {"NBTRAIN_HOME": home}
+        assert warmproto.warm_dir(env) == home_dir(env) / "warm"
+        assert warmproto.warm_dir(env).is_absolute() and "~" not in str(warmproto.warm_dir(env))

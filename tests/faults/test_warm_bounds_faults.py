@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nbtrain.contract import warm as proto
+from nbtrain.contract import warmproto
 from nbtrain.control.launch import warm
 from nbtrain.control.launch.process import LaunchFailed, job_env, start_process
 from nbtrain.ui.verbs import VERBS
@@ -32,10 +32,10 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """This test's own per-user folder; every warm process registered in it is stopped at the end."""
     folder = tmp_path / "user"
     folder.mkdir(mode=0o700)
-    monkeypatch.setenv(proto.ENV_USER_DIR, str(folder))
-    monkeypatch.setenv(proto.ENV_IDLE, "300")
+    monkeypatch.setenv(warmproto.ENV_USER_DIR, str(folder))
+    monkeypatch.setenv(warmproto.ENV_IDLE, "300")
     yield folder
-    for entry in proto.registered():
+    for entry in warmproto.registered():
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(int(entry["pid"]))
             if abs(proc.create_time() - float(entry["created"])) <= 1:  # the very process, not a reused pid
@@ -45,11 +45,11 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def env_of(tmp_path: Path, home: str, flavour: str) -> dict[str, str]:
     """An environment with its own warm folder (a home) and import-time key (an HF_ variable)."""
-    return {**os.environ, proto.ENV_DIR: str(tmp_path / home / "warm"), "HF_NBTRAIN_BOUND_TEST": flavour}
+    return {**os.environ, warmproto.ENV_DIR: str(tmp_path / home / "warm"), "HF_NBTRAIN_BOUND_TEST": flavour}
 
 
 def key_of(env: Mapping[str, str]) -> str:
-    return proto.env_key({**env, **job_env()})
+    return warmproto.env_key({**env, **job_env()})
 
 
 def wait_registered(env: Mapping[str, str], timeout: float = 240) -> dict:
@@ -57,15 +57,15 @@ def wait_registered(env: Mapping[str, str], timeout: float = 240) -> dict:
     key = key_of(env)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready = [e for e in proto.registered(env) if e["key"] == key and e.get("socket")]
+        ready = [e for e in warmproto.registered(env) if e["key"] == key and e.get("socket")]
         if ready and Path(ready[0]["socket"]).exists():
             return ready[0]
         time.sleep(0.2)
-    raise AssertionError(f"no warm process for {key} became ready: {proto.registered(env)}")
+    raise AssertionError(f"no warm process for {key} became ready: {warmproto.registered(env)}")
 
 
 def alive(entry: Mapping) -> bool:
-    return proto.is_warm_process(int(entry["pid"]), float(entry["created"]))
+    return warmproto.is_warm_process(int(entry["pid"]), float(entry["created"]))
 
 
 def use(entry: Mapping, env: Mapping[str, str]) -> str:
@@ -74,14 +74,14 @@ def use(entry: Mapping, env: Mapping[str, str]) -> str:
         s.settimeout(10)
         s.connect(str(entry["socket"]))
         request = {"argv": [sys.executable, "-m", "os"], "cwd": "/", "env": {**env, **job_env()}}
-        proto.send_request(s, request, [])
-        return str(proto.recv_reply(s).get("cold"))
+        warmproto.send_request(s, request, [])
+        return str(warmproto.recv_reply(s).get("cold"))
 
 
 def test_a_bound_of_two_over_three_environments_in_two_homes_keeps_the_two_most_recently_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_dir: Path
 ) -> None:
-    monkeypatch.setenv(proto.ENV_MAX, "2")
+    monkeypatch.setenv(warmproto.ENV_MAX, "2")
     first, second = env_of(tmp_path, "home1", "a"), env_of(tmp_path, "home1", "b")
     third = env_of(tmp_path, "home2", "c")  # another NBTRAIN_HOME of the same user: the bound is per user
     assert warm.start(first)
@@ -94,7 +94,7 @@ def test_a_bound_of_two_over_three_environments_in_two_homes_keeps_the_two_most_
     c = wait_registered(third)
 
     assert alive(a) and alive(c) and not alive(b)  # the least recently used idle one exited first
-    assert {e["key"] for e in proto.registered()} == {a["key"], c["key"]}
+    assert {e["key"] for e in warmproto.registered()} == {a["key"], c["key"]}
     log = (tmp_path / "home2" / "warm" / f"{c['key']}.log").read_text()
     assert f"warm process {b['pid']} (key {b['key']}" in log and "exited to make room" in log
     assert f"asked to exit: warm process {c['pid']} starts" in (
@@ -102,7 +102,7 @@ def test_a_bound_of_two_over_three_environments_in_two_homes_keeps_the_two_most_
     )
 
     # `%finetune warm` lists every warm process of this user, whatever its home: memory, idle time, env
-    monkeypatch.setenv(proto.ENV_DIR, first[proto.ENV_DIR])
+    monkeypatch.setenv(warmproto.ENV_DIR, first[warmproto.ENV_DIR])
     text = VERBS["warm"].call(argparse.Namespace(action="status"))
     rows = {r["pid"]: r for r in warm.status(every_home=True)}
     assert set(rows) == {a["pid"], c["pid"]}
@@ -124,7 +124,7 @@ def test_a_bound_of_two_over_three_environments_in_two_homes_keeps_the_two_most_
     # what a run refused for memory asks of them: every idle one exits, its memory given back
     gone = warm.release_idle("a run needs the memory")
     assert {g["pid"] for g in gone} == {a["pid"], c["pid"]} and all(g["rss_bytes"] > 0 for g in gone)
-    assert not alive(a) and not alive(c) and not proto.registered()
+    assert not alive(a) and not alive(c) and not warmproto.registered()
     assert not Path(a["socket"]).exists() and not Path(c["socket"]).exists()
 
 
@@ -132,12 +132,12 @@ def test_an_idle_warm_process_exits_when_available_memory_falls_below_its_floor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_dir: Path
 ) -> None:
     floor_mb = 2 * psutil.virtual_memory().total // 2**20  # more than this machine has at all
-    env = {**env_of(tmp_path, "home", "floor"), proto.ENV_MIN_AVAILABLE: str(floor_mb)}
-    folder = Path(env[proto.ENV_DIR])
+    env = {**env_of(tmp_path, "home", "floor"), warmproto.ENV_MIN_AVAILABLE: str(floor_mb)}
+    folder = Path(env[warmproto.ENV_DIR])
     assert not warm.start(env)  # the spawner starts none below the floor
     assert not folder.exists() or not list(folder.iterdir())
-    monkeypatch.setenv(proto.ENV_DIR, str(folder))
-    monkeypatch.setenv(proto.ENV_MIN_AVAILABLE, str(floor_mb))
+    monkeypatch.setenv(warmproto.ENV_DIR, str(folder))
+    monkeypatch.setenv(warmproto.ENV_MIN_AVAILABLE, str(floor_mb))
     said = VERBS["warm"].call(argparse.Namespace(action="start"))
     assert said.startswith("no warm process started: the machine has ") and f"below {floor_mb} MiB" in said
     assert not folder.exists() or not list(folder.iterdir())
@@ -155,9 +155,9 @@ def test_an_idle_warm_process_exits_when_available_memory_falls_below_its_floor(
     assert proc.wait(timeout=240) == 0
     log = (folder / f"{key}.log").read_text()
     assert "nbtrain warm: ready in" in log, log
-    assert f"MiB ({proto.ENV_MIN_AVAILABLE}): exiting to give its memory back" in log, log
+    assert f"MiB ({warmproto.ENV_MIN_AVAILABLE}): exiting to give its memory back" in log, log
     assert f"below {floor_mb} MiB" in log
-    assert not proto.socket_path(key, env).exists() and not proto.registered()
+    assert not warmproto.socket_path(key, env).exists() and not warmproto.registered()
 
 
 def test_a_run_short_of_ram_only_by_what_idle_warm_processes_hold_has_them_exit_and_fits(
@@ -183,4 +183,4 @@ def test_a_run_short_of_ram_only_by_what_idle_warm_processes_hold_has_them_exit_
     hw, plan = reclaim_warm_memory(prep.resolved, tight, refused)
     assert plan.fits and hw.ram_available > 2**30  # a fresh probe: the memory the machine has now
     assert "1 idle warm process(es) exited to give their" in " ".join(plan.reasons)
-    assert not alive(entry) and not proto.registered()
+    assert not alive(entry) and not warmproto.registered()

@@ -163,7 +163,7 @@ def test_a_passed_descriptor_asked_for_under_any_number_is_forked_warm(
     number from 3 to 40 is asked for here, so whatever the pipe's number, one request names it."""
     import socket
 
-    from nbtrain.contract import warm as proto
+    from nbtrain.contract import warmproto
     from nbtrain.control.launch import process
 
     ready = wait_ready()
@@ -176,9 +176,9 @@ def test_a_passed_descriptor_asked_for_under_any_number_is_forked_warm(
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.connect(ready["socket"])
                 request = {"argv": argv, "cwd": str(tmp_path), "env": env, "fds": numbers}
-                proto.send_request(s, request, [log.fileno()] + [passed.fileno()] * len(numbers))
+                warmproto.send_request(s, request, [log.fileno()] + [passed.fileno()] * len(numbers))
                 s.settimeout(30)
-                return proto.recv_reply(s)
+                return warmproto.recv_reply(s)
 
         for number in range(3, 41):
             answers[number] = ask([number])

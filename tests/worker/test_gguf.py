@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtrain.contract import gguf as cache
+from nbtrain.contract import ggufcache
 
 pytestmark = pytest.mark.slow  # the real SmolLM2: converted, trained, exported, served (make test runs them)
 
@@ -78,7 +78,8 @@ def test_two_processes_converting_one_file_at_once_make_one_folder(
     assert sum("nbtrain: converting" in o for o in outs) == 1, outs  # the other waited and reused it
     folder = Path(folders.pop())
     assert (
-        cache.is_converted(folder) and json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+        ggufcache.is_converted(folder)
+        and json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
     )
     made = sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir())
     assert [n for n in made if "partial" in n or n.startswith(".")] == []

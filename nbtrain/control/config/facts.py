@@ -28,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from nbtrain.contract.gguf import is_gguf
+from nbtrain.contract.ggufcache import is_gguf
 from nbtrain.control.config import datasetinfo, rewardmodels
 from nbtrain.control.config.datacheck import DataSource, inspect_data
 from nbtrain.control.config.datasetinfo import InfoDataset

@@ -120,7 +120,7 @@ def _quants(quant: str | list[str] | None) -> list[str]:
 def gguf_problems(run: Run, quants: list[str], merge: bool) -> list[str]:
     """What stops a GGUF export of ``run`` before anything starts: llama.cpp not set up, an unknown type,
     a model family llama.cpp's converter does not convert, a vision model, no merge."""
-    from nbtrain.contract.gguf import GGUF_LORA_TYPES, GGUF_QUANTS
+    from nbtrain.contract.ggufcache import GGUF_LORA_TYPES, GGUF_QUANTS
     from nbtrain.control.jobs import llamacpp
 
     problems = []

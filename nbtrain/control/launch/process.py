@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from nbtrain.contract import warm as proto
+from nbtrain.contract import warmproto
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.jobs import JOBS, Job
 from nbtrain.contract.rundir import MAX_JSON_BYTES, RunPaths, atomic_write_json, read_json, tail_text
@@ -166,21 +166,21 @@ def start_warm(env: Mapping[str, str] | None = None) -> bool:
     """Start a warm process (nbtrain.worker.warm) for ``env`` (default: this process's) in the background
     unless one answers or this process started one in the last minute; True when one was started now.
     None starts while the machine's available memory is below the warm processes' floor
-    (contract.warm.memory_short): it would exit again at its first look."""
+    (contract.warmproto.memory_short): it would exit again at its first look."""
     env = dict(os.environ if env is None else env)
-    if not proto.enabled(env):
+    if not warmproto.enabled(env):
         return False
     vm = psutil.virtual_memory()
-    if proto.memory_short(int(vm.available), int(vm.total), env) is not None:
+    if warmproto.memory_short(int(vm.available), int(vm.total), env) is not None:
         return False
     env = {**env, **job_env()}
-    key = proto.env_key(env)
-    folder = proto.warm_dir(env)
-    env[proto.ENV_DIR] = str(folder)  # as resolved here: the warm process starts in another folder
+    key = warmproto.env_key(env)
+    folder = warmproto.warm_dir(env)
+    env[warmproto.ENV_DIR] = str(folder)  # as resolved here: the warm process starts in another folder
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if proto.folder_problem(folder) is not None:
+    if warmproto.folder_problem(folder) is not None:
         return False  # another user's, or open to others: the next start says why, and starts cold
-    if proto.held(folder / f"{key}.lock"):
+    if warmproto.held(folder / f"{key}.lock"):
         return False  # one is running, or still importing
     argv = [sys.executable, "-m", "nbtrain.worker.warm"]
     env.pop("CUDA_VISIBLE_DEVICES", None)  # the warm process never touches a GPU; children get the plan's

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from nbtrain.contract import warm as proto
+from nbtrain.contract import warmproto
 from nbtrain.control.launch.process import job_env, start_warm
 
 start = start_warm  # the spawner's own: it also starts one when a start finds none
@@ -28,10 +28,10 @@ def status(env: Mapping[str, str] | None = None, *, every_home: bool = False) ->
     how long it has idled (None where it did not register), uptime, and whether it serves this process's
     environment."""
     env = os.environ if env is None else env
-    mine = proto.env_key({**env, **job_env()})
-    entries = {int(e["pid"]): e for e in proto.registered(env)}
+    mine = warmproto.env_key({**env, **job_env()})
+    entries = {int(e["pid"]): e for e in warmproto.registered(env)}
     infos = []
-    for info_file in sorted(proto.warm_dir(env).glob("*.json")):
+    for info_file in sorted(warmproto.warm_dir(env).glob("*.json")):
         with contextlib.suppress(OSError, ValueError):
             infos.append(json.loads(info_file.read_text()))
     if every_home:
@@ -61,15 +61,16 @@ def status(env: Mapping[str, str] | None = None, *, every_home: bool = False) ->
 def release_idle(why: str, env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Ask every idle warm process of this user (every NBTRAIN_HOME) to exit and wait until each has, so
     the memory it held is available; returns the ones that exited (pid, key, rss_bytes). Each is asked over
-    its own socket and answers between requests (contract.warm.ask_to_exit): none exits while it forks."""
+    its own socket and answers between requests (contract.warmproto.ask_to_exit): none exits while it
+    forks."""
     gone = []
-    for entry in proto.registered(env):
+    for entry in warmproto.registered(env):
         pid, created = int(entry["pid"]), float(entry["created"])
         try:
             rss = psutil.Process(pid).memory_info().rss
         except psutil.Error:
             continue
-        if proto.ask_to_exit(entry, why) and proto.wait_gone(pid, created):
+        if warmproto.ask_to_exit(entry, why) and warmproto.wait_gone(pid, created):
             gone.append({"pid": pid, "key": entry.get("key"), "rss_bytes": rss})
     return gone
 
@@ -77,13 +78,13 @@ def release_idle(why: str, env: Mapping[str, str] | None = None) -> list[dict[st
 def memory_short(env: Mapping[str, str] | None = None) -> str | None:
     """Why no warm process starts or stays now (the machine's available memory is below their floor)."""
     vm = psutil.virtual_memory()
-    return proto.memory_short(int(vm.available), int(vm.total), env)
+    return warmproto.memory_short(int(vm.available), int(vm.total), env)
 
 
 def reclaimable(env: Mapping[str, str] | None = None) -> int:
     """Bytes (RSS) the ready warm processes of this user hold: what ``release_idle`` would give back."""
     total = 0
-    for entry in proto.registered(env):
+    for entry in warmproto.registered(env):
         if entry.get("socket"):
             with contextlib.suppress(psutil.Error):
                 total += psutil.Process(int(entry["pid"])).memory_info().rss
@@ -94,7 +95,7 @@ def stop(env: Mapping[str, str] | None = None) -> int:
     """SIGTERM every warm process of this user in the warm folder, the ready ones and those still
     importing (found by the lock each holds, which names it); returns how many."""
     pids = {int(row["pid"]) for row in status(env)} | set(
-        _starting(proto.warm_dir(os.environ if env is None else env))
+        _starting(warmproto.warm_dir(os.environ if env is None else env))
     )
     n = 0
     for pid in pids:
@@ -112,7 +113,7 @@ def _starting(folder: Path) -> list[int]:
         try:
             pid, created = lock.read_text().split()
             proc = psutil.Process(int(pid))
-            if abs(proc.create_time() - float(created)) > 1 or not proto.held(lock):
+            if abs(proc.create_time() - float(created)) > 1 or not warmproto.held(lock):
                 continue
             if "nbtrain.worker.warm" not in " ".join(proc.cmdline()):
                 continue

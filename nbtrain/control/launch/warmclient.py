@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from nbtrain.contract import warm as proto
+from nbtrain.contract import warmproto
 from nbtrain.hardware.clock import same_start, start_record
 
 CONNECT_TIMEOUT = 2.0
@@ -71,7 +71,7 @@ class Cold:
 
 
 def serves(argv: list[str]) -> bool:
-    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in proto.SERVED
+    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in warmproto.SERVED
 
 
 def _connect(path: Path) -> socket.socket:
@@ -92,13 +92,13 @@ def try_warm(
     argv: list[str], *, log_fd: int, cwd: Path | None, env: Mapping[str, str], pass_fds: tuple[int, ...]
 ) -> WarmChild | Cold:
     """The child the warm process forked for ``argv``, or why it could not (start cold then)."""
-    if not proto.enabled(env):
-        return Cold(f"{proto.ENV_OFF}=0")
-    key = proto.env_key(env)
-    path = proto.socket_path(key, env)
-    if why := proto.folder_problem(proto.warm_dir(env)):
+    if not warmproto.enabled(env):
+        return Cold(f"{warmproto.ENV_OFF}=0")
+    key = warmproto.env_key(env)
+    path = warmproto.socket_path(key, env)
+    if why := warmproto.folder_problem(warmproto.warm_dir(env)):
         return Cold(why)
-    sweep_exit_files(proto.warm_dir(env) / "exit")  # at every start: the ones nobody will read
+    sweep_exit_files(warmproto.warm_dir(env) / "exit")  # at every start: the ones nobody will read
     try:
         s = _connect(path)
     except (FileNotFoundError, ConnectionRefusedError):
@@ -109,16 +109,16 @@ def try_warm(
     if (uid := int.from_bytes(creds[4:8], sys.byteorder)) != os.geteuid():
         s.close()
         return Cold(f"the warm socket {path} is served by uid {uid}, not by you: nothing was sent to it")
-    exits = proto.warm_dir(env) / "exit"
+    exits = warmproto.warm_dir(env) / "exit"
     exit_file = exits / f"{os.getpid()}-{time.monotonic_ns()}"
     try:
         exits.mkdir(exist_ok=True, mode=0o700)
         with s:
             request = {"argv": argv, "cwd": str(cwd or os.getcwd()), "env": dict(env), "fds": list(pass_fds),
                        "exit_file": str(exit_file)}  # fmt: skip
-            proto.send_request(s, request, [log_fd, *pass_fds])
+            warmproto.send_request(s, request, [log_fd, *pass_fds])
             s.settimeout(REPLY_TIMEOUT)
-            reply = proto.recv_reply(s)
+            reply = warmproto.recv_reply(s)
     except (OSError, ValueError) as e:
         return Cold(f"the warm process did not answer ({type(e).__name__}: {e})")
     if "pid" not in reply:

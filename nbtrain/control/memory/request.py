@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtrain.contract.gguf import is_gguf
+from nbtrain.contract.ggufcache import is_gguf
 from nbtrain.control.config.choices import ZERO_STAGES
 from nbtrain.control.memory.costs import PARTS
 from nbtrain.control.memory.estimator import Estimate, gib

@@ -2,8 +2,8 @@
 whether transformers can load it, and the ``config.json`` the converted folder will have, for the estimate.
 
 Nothing is dequantised here: the worker converts the file once (``nbtrain.worker.gguf``) into the folder
-``nbtrain.contract.gguf`` names. What is read of a file is remembered in the cache by the file's identity,
-so a second look costs a ``stat``.
+``nbtrain.contract.ggufcache`` names. What is read of a file is remembered in the cache by the file's
+identity, so a second look costs a ``stat``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbtrain.contract import gguf as cache
+from nbtrain.contract import ggufcache
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import atomic_write_json
 
@@ -50,7 +50,7 @@ class GgufInfo:
     @property
     def float_type(self) -> str | None:
         """The float type of its weights when it holds no quantised tensors (else None)."""
-        return self.file_type if self.file_type in cache.DTYPES else None
+        return self.file_type if self.file_type in ggufcache.DTYPES else None
 
 
 def supported_architectures() -> list[str]:
@@ -76,7 +76,7 @@ def read(path: str | Path) -> GgufInfo:
         st = path.stat()
     except OSError as e:
         raise GgufProblem(f"cannot read {path}: {e.strerror or e}") from None
-    memo = cache.gguf_dir() / "headers" / f"{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}.json"
+    memo = ggufcache.gguf_dir() / "headers" / f"{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}.json"
     try:
         known = json.loads(memo.read_text(encoding="utf-8"))
         if known.get("version") == _INFO_VERSION and known.get("path") == str(path):
@@ -189,17 +189,17 @@ def find(spec: str | Path, gguf_file: str | None = None) -> Path | None:
     ``gguf_file:`` there). None when ``spec`` is neither. Raises GgufProblem for a folder holding several
     and no ``gguf_file:``, or naming one it lacks."""
     path = Path(spec).expanduser()
-    if path.is_file() and cache.is_gguf(path.name):
+    if path.is_file() and ggufcache.is_gguf(path.name):
         return path.resolve()
     if not path.is_dir() or ((path / "config.json").exists() and gguf_file is None):
         return None
     if gguf_file is not None:
         target = path / gguf_file
         if not target.is_file():
-            have = ", ".join(p.name for p in cache.gguf_files(path)) or "none"
+            have = ", ".join(p.name for p in ggufcache.gguf_files(path)) or "none"
             raise GgufProblem(f"{path} has no file {gguf_file!r} (its .gguf files: {have})")
         return target.resolve()
-    files = cache.gguf_files(path)
+    files = ggufcache.gguf_files(path)
     if len(files) > 1:
         raise GgufProblem(
             f"{path} holds {len(files)} GGUF files ({', '.join(p.name for p in files)}): say which with "
@@ -219,9 +219,9 @@ def conversion_dtype(info: GgufInfo, precision: str) -> str:
 def source(path: str | Path, precision: str) -> dict[str, Any]:
     """What resolved.json says of a GGUF model: the file, its hash, the folder it converts into."""
     info = read(path)
-    sha = cache.file_sha256(info.path)
+    sha = ggufcache.file_sha256(info.path)
     dtype = conversion_dtype(info, precision)
-    folder = cache.converted_dir(sha, dtype)
+    folder = ggufcache.converted_dir(sha, dtype)
     return {
         "file": info.path,
         "sha256": sha,
@@ -229,7 +229,7 @@ def source(path: str | Path, precision: str) -> dict[str, Any]:
         "folder": str(folder),
         "architecture": info.architecture,
         "file_type": info.file_type,
-        "converted": cache.is_converted(folder),
+        "converted": ggufcache.is_converted(folder),
     }
 
 

@@ -12,7 +12,7 @@ from typing import Final
 from nbtrain.contract.formats import (
     FILE_KINDS,
 )
-from nbtrain.contract.gguf import cache_dir, is_gguf
+from nbtrain.contract.ggufcache import cache_dir, is_gguf
 from nbtrain.contract.paths import runs_root
 from nbtrain.control.models.hub import cache_dir as hub_cache_dir
 

@@ -16,7 +16,7 @@ else:
 
 
 def warm(a: Args) -> str:
-    from nbtrain.contract.warm import ENV_OFF, enabled
+    from nbtrain.contract.warmproto import ENV_OFF, enabled
     from nbtrain.control.launch import warm as manager
 
     if a.action == "start":

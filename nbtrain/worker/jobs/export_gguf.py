@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtrain.contract import gguf as cache
+from nbtrain.contract import ggufcache
 from nbtrain.contract.rundir import atomic_write_json
 
 REPORT = "gguf_report.json"
@@ -66,7 +66,7 @@ def convert(src: Path, out: Path, outtype: str, *, lora_base: Path | None = None
     With ``lora_base`` (the base model's folder), src is a peft LoRA adapter and out a GGUF LoRA."""
     tmp = _partial(out)
     kind = "hf" if lora_base is None else "lora"
-    argv = [sys.executable, "-m", "nbtrain.worker.jobs.gguf_convert", str(cache.llama_cpp_dir()), kind,
+    argv = [sys.executable, "-m", "nbtrain.worker.jobs.gguf_convert", str(ggufcache.llama_cpp_dir()), kind,
             str(src), "--outfile", str(tmp), "--outtype", outtype]  # fmt: skip
     if lora_base is not None:
         argv += ["--base", str(lora_base)]
@@ -86,7 +86,7 @@ def quantize(src: Path, out: Path, quant: str) -> None:
     tmp = _partial(out)
     print(f"nbtrain export: quantising to {quant} with llama.cpp", flush=True)
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = cache.GGUF_QUANTS[quant]
+    params.ftype = ggufcache.GGUF_QUANTS[quant]
     params.nthread = os.cpu_count() or 1
     code = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
     if code != 0 or not tmp.is_file():
@@ -298,7 +298,7 @@ def ollama_name(name: str) -> str:
 
 def plan_files(quants: list[str]) -> tuple[str, list[str]]:
     """(the float type converted first, the order to make the files in)."""
-    base = next((q for q in quants if q in cache.GGUF_FLOATS), "f16")
+    base = next((q for q in quants if q in ggufcache.GGUF_FLOATS), "f16")
     return base, [base] + [q for q in quants if q != base]
 
 
@@ -346,7 +346,7 @@ def export_gguf(job: GGUFExport, quants: list[str], lora_base: Path | None = Non
         path = work / f"model-{q}.gguf"
         if path.is_file():
             reused.append(q)
-        elif q in cache.GGUF_FLOATS:
+        elif q in ggufcache.GGUF_FLOATS:
             hf = work / f".hf.partial-{os.getpid()}"
             shutil.rmtree(hf, ignore_errors=True)
             try:

@@ -83,7 +83,7 @@ def test_a_gguf_export_without_llama_cpp_set_up_says_how_to_set_it_up(
 ) -> None:
     # The two states a machine is in before `make test`'s background setup ends (a fresh one; the
     # converter kept while pip still builds the package), made here whatever this machine has built.
-    from nbtrain.contract.gguf import CONVERTED, llama_cpp_dir
+    from nbtrain.contract.ggufcache import CONVERTED, llama_cpp_dir
 
     monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # not importable, and find_spec finds none

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import nbtrain
-from nbtrain.contract import warm as proto
+from nbtrain.contract import warmproto
 from nbtrain.contract.rundir import atomic_write_json, read_jsonl
 from nbtrain.control.launch import warm
 from nbtrain.control.launch.process import read_launch
@@ -41,7 +41,7 @@ def wait_ready(timeout: float = 180) -> dict:
             return rows[0]
         warm.start()  # nothing when one runs or is still importing (it holds its lock)
         time.sleep(0.2)
-    raise AssertionError(f"no warm process became ready: {list(proto.warm_dir().iterdir())}")
+    raise AssertionError(f"no warm process became ready: {list(warmproto.warm_dir().iterdir())}")
 
 
 def forked(folder: Path, run: nbtrain.Run) -> bool:
@@ -70,11 +70,11 @@ def test_runs_survive_a_kill_9_of_the_warm_process_and_the_next_start_is_cold_th
     workdir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     folder = tmp_path / "w"  # a warm process of this test's own: the session's is not killed
-    monkeypatch.setenv(proto.ENV_DIR, str(folder))
+    monkeypatch.setenv(warmproto.ENV_DIR, str(folder))
     assert warm.start()
     info = wait_ready()
     # What an attacker or a broken client sends is answered or dropped; the process serves on.
-    path = proto.socket_path(info["key"])
+    path = warmproto.socket_path(info["key"])
     for junk in (b"", b"\x00\x00", struct.pack(">I", 1 << 30) + b"{", struct.pack(">I", 5) + b"[1,2]"):
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(str(path))
@@ -115,7 +115,7 @@ def test_runs_survive_a_kill_9_of_the_warm_process_and_the_next_start_is_cold_th
 def test_what_the_warm_process_cannot_serve_is_answered_cold_with_the_reason(tmp_path: Path) -> None:
     from nbtrain.worker import warm as server
 
-    key = proto.env_key(os.environ)
+    key = warmproto.env_key(os.environ)
     stamp = server.stamp()
     run = tmp_path / "run"
     run.mkdir()
@@ -176,9 +176,9 @@ def test_a_warm_process_stopped_while_it_still_imports_is_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A test session (or a kernel) that ends within seconds of starting one must not leave it to idle out."""
-    monkeypatch.setenv(proto.ENV_DIR, str(tmp_path / "warm"))
+    monkeypatch.setenv(warmproto.ENV_DIR, str(tmp_path / "warm"))
     assert warm.start()
-    folder = proto.warm_dir()
+    folder = warmproto.warm_dir()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not any(p.read_text() for p in folder.glob("*.lock")):
         time.sleep(0.05)  # the lock names its holder as soon as it is taken, before the imports

@@ -1,5 +1,5 @@
 """GGUF files as ``model:`` seen from the kernel: the header read without dequantising (or importing torch),
-damaged and unsupported files refused by name, the real SmolLM2 counted exactly, example_model's cache."""
+damaged and unsupported files refused by name, the real SmolLM2 counted exactly, example_model's ggufcache."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nbtrain.contract import gguf as cache
+from nbtrain.contract import ggufcache
 from nbtrain.contract.errors import ConfigError, NbtrainError
 from nbtrain.control.jobs import pretrained
 from nbtrain.control.memory import count_parameters
@@ -84,7 +84,7 @@ def test_an_estimate_for_a_gguf_model_imports_no_torch(smollm2_gguf: Path, tmp_p
     assert out.returncode == 0, out.stderr[-2000:]
     weights, sha = out.stdout.split()
     assert int(float(weights)) == SMOLLM2_PARAMETERS * 4  # fp32 on a CPU
-    assert sha == cache.file_sha256(smollm2_gguf)
+    assert sha == ggufcache.file_sha256(smollm2_gguf)
 
 
 def test_prepare_names_the_folder_the_file_converts_into(
@@ -148,18 +148,20 @@ def test_the_content_hash_is_read_once_per_file_version(
     monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     f = tmp_path / "a.gguf"
     f.write_bytes(b"GGUF" + b"x" * 1000)
-    first = cache.file_sha256(f)
+    first = ggufcache.file_sha256(f)
     assert json.loads((tmp_path / "cache" / "gguf" / "hashes.json").read_text())[str(f)]["sha256"] == first
     f.write_bytes(b"GGUF" + b"y" * 1000)  # a new version: a new hash, so a new folder
     os.utime(f, ns=(time.time_ns(), time.time_ns() + 1000))
-    assert cache.file_sha256(f) != first
-    assert cache.converted_dir(first, "float32") != cache.converted_dir(cache.file_sha256(f), "float32")
+    assert ggufcache.file_sha256(f) != first
+    assert ggufcache.converted_dir(first, "float32") != ggufcache.converted_dir(
+        ggufcache.file_sha256(f), "float32"
+    )
 
 
 def test_a_second_example_model_call_is_a_cache_hit(smollm2: Path) -> None:
     t = time.perf_counter()
     again = pretrained.example_model(SMOLLM2, quiet=True)
-    assert again == smollm2 and cache.is_converted(again)
+    assert again == smollm2 and ggufcache.is_converted(again)
     assert time.perf_counter() - t < 0.5
 
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from nbtrain.contract.gguf import is_gguf
+from nbtrain.contract.ggufcache import is_gguf
 from nbtrain.control.config.facts import Facts
 from nbtrain.control.config.problems import Problems
 
