@@ -486,16 +486,21 @@ def check_config(
     hardware: Hardware | None = None,
     namespace: Mapping[str, Any] | None = None,
     capture_notebook: bool = True,
+    on: str | None = None,
 ) -> tuple[list[Problem], Prepared | None]:
     """``validate``'s problems and, when there are none, what ``start`` would start: the plan and the
-    memory estimate a form shows before its Launch."""
+    memory estimate a form shows before its Launch. ``on``: planned for named hardware instead (the
+    panel's "Plan for"), as ``prepare``'s; nothing starts from that plan, so one that does not fit is
+    shown with its fit advice rather than refused."""
     try:
-        prep = prepare(config, hardware=hardware, namespace=namespace, capture_notebook=capture_notebook)
+        prep = prepare(
+            config, hardware=hardware, on=on, namespace=namespace, capture_notebook=capture_notebook
+        )
     except ConfigError as e:
         return list(e.problems), None
     except NbtrainError as e:  # e.g. a preset file that cannot be read: nothing would start either
         return [Problem("", str(e))], None
-    refusal = launch_refusal(prep)
+    refusal = None if on is not None else launch_refusal(prep)
     return ([Problem("", refusal)], None) if refusal else ([], prep)
 
 

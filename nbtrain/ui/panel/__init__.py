@@ -16,7 +16,7 @@ background thread, debounced, so typing never waits for them and a slow first ch
 The package, by job: ``fields`` (what the form shows and the text <-> YAML rules), ``datapreview`` (the
 first rows as the model sees them), ``files`` (path suggestions), ``debounce`` (the background checker's
 thread), ``layout`` (where the widgets sit), ``runarea`` (the launched run under the form), ``tocell`` (To
-cell) and ``widget`` (the form itself).
+cell), ``planfor`` (which hardware the plan is for) and ``widget`` (the form itself).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What Launch would start, shown under the form before it is pressed: the plan ``%%finetune`` would make
-for the same config (the one ``prepare``), its memory estimate against this machine, and the values the
-plan chose for the fields left empty (shown in those fields as "planned")."""
+for the same config (the one ``prepare``), its memory estimate against the hardware it is planned for (this
+machine, a SLURM partition's nodes, or named hardware: the panel's "Plan for", ``planfor.py``), and the
+values the plan chose for the fields left empty (shown in those fields as "planned")."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ def _count(n: int, noun: str) -> str:
 
 
 def plan_lines(prep: Prepared) -> list[str]:
-    """Two or three lines: what trains where, the batch and length of the run, and its memory."""
+    """Three lines: what trains where, the batch and length of the run, and its memory; first, for a plan
+    made for other hardware than this machine (named, or a SLURM partition's nodes), what it was made for
+    (the plan's first reason)."""
     plan, args = prep.plan, prep.train_args
     cfg = prep.resolved.config
 
@@ -41,7 +44,10 @@ def plan_lines(prep: Prepared) -> list[str]:
     where = f"{_count(plan.nodes, 'node')} x " if plan.nodes > 1 else ""
     procs = _count(plan.num_processes, "process")
     strategy = f", {plan.strategy}" if plan.strategy != "none" else ""
+    first = plan.reasons[0] if plan.reasons else ""
+    made_for = [first[0].upper() + first[1:]] if first.startswith("planned for ") else []
     lines = [
+        *made_for,
         f"Plan: {plan.method} {cfg.objective} on {plan.device}, {where}{procs}, {plan.precision}{strategy}",
         f"Batch {micro} x {accum} accumulation x {_count(plan.world_size, 'process')}, {length}, "
         f"learning rate {_number(lr)}",
@@ -60,8 +66,16 @@ def plan_lines(prep: Prepared) -> list[str]:
     return lines
 
 
+def _line_html(line: str) -> str:
+    """A line of the plan; what it was planned for has its head ("Planned for ...: 8 x A100-40GB") bold."""
+    if not line.startswith("Planned for "):
+        return html.escape(line)
+    head, paren, rest = line.partition(" (")
+    return f"<span class='nbtrain-plan-for'>{html.escape(head)}</span>{html.escape(paren + rest)}"
+
+
 def plan_html(lines: list[str]) -> str:
-    body = "<br>".join(html.escape(line) for line in lines)
+    body = "<br>".join(_line_html(line) for line in lines)
     return f"<div class='nbtrain-plan'>{body}</div>"
 
 

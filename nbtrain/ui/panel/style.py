@@ -10,6 +10,8 @@ if TYPE_CHECKING:
 
 LABEL_WIDTH = 168  # px; the labels are words, so they fit (no key path cut off)
 FIELD_WIDTH = "372px"
+# what sits under the fields (the plan, the buttons) starts at the fields' left edge; text (errors, status)
+# at the text inside them
 ERROR_STYLE = f"color:#c62828;font-size:12px;line-height:1.3;margin:0 0 2px {LABEL_WIDTH + 8}px"
 CSS = f"""<style>
 .nbtrain-invalid input, .nbtrain-invalid select, .nbtrain-invalid textarea {{border-color:#c62828 !important}}
@@ -29,14 +31,18 @@ CSS = f"""<style>
   margin:2px 0 0 {LABEL_WIDTH}px}}
 .nbtrain-data-help summary {{cursor:pointer}}
 .nbtrain-side-title small {{font-weight:normal; color:var(--jp-ui-font-color2, #757575)}}
-.nbtrain-buttons {{margin:6px 0 2px {LABEL_WIDTH + 8}px}}
+.nbtrain-buttons {{margin:6px 0 2px {LABEL_WIDTH}px; max-width:calc({FIELD_WIDTH} + 4px)}}
+.nbtrain-buttons button {{flex:1 1 0; width:auto; min-width:0}}
 .nbtrain-status {{margin:4px 0 0 {LABEL_WIDTH + 8}px; font-size:12px; line-height:1.4;
   color:var(--jp-ui-font-color1, #424242)}}
 .nbtrain-panel button:disabled {{filter:grayscale(100%); opacity:0.45 !important;
   cursor:not-allowed !important; box-shadow:none !important}}
-.nbtrain-plan {{margin:6px 0 2px {LABEL_WIDTH + 8}px; padding:4px 8px; font-size:12px; line-height:1.5;
+.nbtrain-plan {{margin:6px 0 2px {LABEL_WIDTH}px; padding:4px 8px; font-size:12px; line-height:1.5;
+  max-width:{FIELD_WIDTH}; box-sizing:border-box;
   border-left:3px solid #1565c0; background:var(--jp-layout-color2, #f5f5f5);
   color:var(--jp-ui-font-color1, #424242)}}
+.nbtrain-plan-for {{font-weight:600}}
+.nbtrain-launch-off {{max-width:calc({FIELD_WIDTH} - 8px); color:var(--jp-ui-font-color2, #616161)}}
 </style>"""
 
 

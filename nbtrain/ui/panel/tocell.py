@@ -23,10 +23,15 @@ class ToCell:
     """The To cell button of the panel whose DOM class is ``dom_class``, inserting ``source()`` (YAML)."""
 
     def __init__(
-        self, dom_class: str, source: Callable[[], str], report: Callable[[str | None, str | None], None]
+        self,
+        dom_class: str,
+        source: Callable[[], str],
+        report: Callable[[str | None, str | None], None],
+        magic: Callable[[], str] = lambda: "%%finetune",
     ) -> None:
         self.dom_class = dom_class
         self._source = source
+        self._magic = magic  # the cell's first line: %%finetune, and its options (--estimate --on SPEC)
         self._report = report  # (error, status): the panel's error line (None clears it) and status line
         self._frontend = False  # the lab extension answered: To cell inserts the cell through it
         self.button = widgets.Button(
@@ -76,7 +81,7 @@ class ToCell:
             raise NbtrainError("'To cell' needs IPython or Jupyter; copy the YAML shown above instead")
         # the cell is a %%finetune cell: make sure the magic exists in this kernel (%load_ext nbtrain)
         shell.extension_manager.load_extension("nbtrain")
-        source = "%%finetune\n" + self._source()
+        source = self._magic() + "\n" + self._source()
         if self._frontend:
             self._open_comm(
                 {"action": "insert", "panel": self.dom_class, "source": source}, self._on_inserted

@@ -49,6 +49,7 @@ from nbtrain.ui.panel.fields import (
 from nbtrain.ui.panel.files import CANDIDATES_EVERY, data_candidates, model_candidates
 from nbtrain.ui.panel.layout import field_widget, label_html, numbered_steps, page
 from nbtrain.ui.panel.plan import plan_html, plan_lines
+from nbtrain.ui.panel.planfor import NAMED, PlanFor
 from nbtrain.ui.panel.runarea import RunArea
 from nbtrain.ui.panel.style import ERROR_STYLE, LABEL_WIDTH, preset_note_html
 from nbtrain.ui.panel.tocell import ToCell
@@ -87,6 +88,7 @@ class ConfigPanel:
         self._general_errors: list[str] = []
         self._candidates_at = -math.inf
         self._action_error: str | None = None
+        self._ready = False  # the last check found nothing that would stop Launch
         self._preview_key: Any = None
         self._debouncer = Debouncer(debounce, self._check, self._job_failed)
 
@@ -109,7 +111,8 @@ class ConfigPanel:
         )
         self.run_area = RunArea(self._action, self._say)  # the run launched here: its view, Stop, export
         self.stop_button = self.run_area.stop_button
-        self.to_cell = ToCell(self.dom_class, self.to_yaml, self._action)
+        self.plan_for = PlanFor(self._plan_for_changed)  # this machine, a SLURM partition, named hardware
+        self.to_cell = ToCell(self.dom_class, self.to_yaml, self._action, self.plan_for.magic_line)
         self.to_cell_button = self.to_cell.button
         self.load_ref = widgets.Text(
             placeholder="run id or name, or a .yaml file",
@@ -188,7 +191,8 @@ class ConfigPanel:
         """The form's steps, the column beside them, and the run's dashboard and export form below."""
         buttons = widgets.HBox([self.launch_button, self.stop_button, self.to_cell_button])
         buttons.add_class("nbtrain-buttons")
-        self.steps = numbered_steps(self.groups, [self.plan_area, self.error_area, buttons, self.status_area])
+        start = [self.plan_for.widget, self.plan_area, self.error_area, buttons, self.plan_for.note]
+        self.steps = numbered_steps(self.groups, [*start, self.status_area])
         return page(
             self.steps,
             load=[self.load_ref, self.load_button],
@@ -270,6 +274,7 @@ class ConfigPanel:
                     else:
                         self._extra[key] = value
                 self._apply_preset()
+                self.plan_for.load(raw)  # distributed: slurm: chooses its partition
                 # what a loaded config holds was written by someone: its problems show at once
                 self._touched = {f.path for f in self.spec if self._read(f) is not UNSET}
             finally:
@@ -336,7 +341,7 @@ class ConfigPanel:
         """The config the form represents: set fields, changed dropdowns, and keys it has no field for."""
         with self._lock:
             values = {f.path: self._read(f) for f in self.spec}
-            extra = copy.deepcopy(self._extra)
+            extra = self.plan_for.section(copy.deepcopy(self._extra))  # slurm: as Plan for says
         method = self.method
         out: dict[Any, Any] = {}
         keys = [*TOP_ORDER, *(k for k in extra if k not in TOP_ORDER)]
@@ -391,7 +396,7 @@ class ConfigPanel:
         cfg = self.to_dict()
         text = _dump(cfg)
         self.yaml_view.value = f"<pre style='{PRE_STYLE}'>{html.escape(text)}</pre>"
-        self._debouncer.submit((text, cfg, Path.cwd()))
+        self._debouncer.submit((text, cfg, Path.cwd(), self.plan_for.choice.value, self.plan_for.on))
 
     @property
     def objective(self) -> Any:
@@ -450,14 +455,22 @@ class ConfigPanel:
             if isinstance(w, widgets.Combobox) and list(w.options) != found:
                 w.options = found
 
-    def _check(self, item: tuple[str, dict[str, Any], Path], gen: int) -> None:
-        text, cfg, base = item
+    def _plan_for_changed(self) -> None:
+        if self._action_error is not None:
+            self._action(None)
+        self._launch_state()
+        self._refresh()
+
+    def _check(self, item: tuple[str, dict[str, Any], Path, str, str | None], gen: int) -> None:
+        text, cfg, base, choice, on = item
         if time.monotonic() - self._candidates_at > CANDIDATES_EVERY:
             self._refresh_candidates(base)
         if text != self._saved:
             saved.save(self._cell, text)  # kept for this cell across a kernel restart
             self._saved = text
-        problems, prep = check_config(text)
+        problems, prep = check_config(text, on=on)
+        if choice == NAMED and on is None:
+            prep = None  # no hardware named yet (or not one nbtrain knows): no plan for this machine instead
         key = (preview_inputs(cfg, base), self.preview_rows)
         html_preview = None
         if key != self._preview_key:
@@ -505,9 +518,12 @@ class ConfigPanel:
     def _apply_problems(self, problems: Iterable[Problem]) -> None:
         by_field: dict[str, list[str]] = {}
         general: list[str] = []
+        slurm: list[str] = []  # shown under Plan for's partition box
         for p in problems:
             target = self._target(p.path)
-            if target is None:
+            if target is None and p.path.startswith("distributed.slurm"):
+                slurm.append(f"{p.path.removeprefix('distributed.slurm.')}: {p.message}")
+            elif target is None:
                 general.append(f"{p.path or 'config'}: {p.message}")
             else:
                 by_field.setdefault(target, []).append(p.message)
@@ -515,13 +531,21 @@ class ConfigPanel:
             self._problems = {k: "\n".join(v) for k, v in by_field.items()}
             self._all_general = general
             self._show_problems()
-            ready = not by_field and not general  # Launch is green only for a form that would start
-            self.launch_button.button_style = "success" if ready else ""
-            self.launch_button.tooltip = (
-                "check the config and start it"
-                if ready
-                else "the form is not complete: Launch shows every problem"
-            )
+            self.plan_for.slurm_problems(slurm)
+            self._ready = not by_field and not general and not slurm  # green: a form that would start
+            self._launch_state()
+
+    def _launch_state(self) -> None:
+        """Launch: green for a form that would start, off for named hardware (the plan is an estimate)."""
+        off = self.plan_for.launch_refusal()
+        ready = self._ready and off is None
+        self.launch_button.disabled = off is not None
+        self.launch_button.button_style = "success" if ready else ""
+        self.launch_button.tooltip = off or (
+            "check the config and start it"
+            if ready
+            else "the form is not complete: Launch shows every problem"
+        )
 
     def _shows(self, path: str) -> bool:
         """Whether a field's problem shows: once Launch was pressed, once the user changed the field, or
@@ -601,6 +625,9 @@ class ConfigPanel:
             self.status_area.value = f"<div class='nbtrain-status'>{html.escape(status)}</div>"
 
     def _launch(self) -> None:
+        off = self.plan_for.launch_refusal()
+        if off is not None:  # Launch is disabled then; click() from code still calls this
+            raise NbtrainError(f"Nothing was started: {off}")
         with self._lock:
             self._reveal = True  # from now on every problem shows, touched or not
             self._show_problems()
