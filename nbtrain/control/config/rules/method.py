@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from nbtrain.contract.adapters import converts_init
+from nbtrain.contract.objectives import OBJECTIVES
 from nbtrain.control.config import trainargs
 from nbtrain.control.config.problems import Problems, elsewhere_message, home_of
 from nbtrain.control.config.schema.run import RunConfig
@@ -12,8 +13,10 @@ from nbtrain.control.config.schema.run import RunConfig
 
 def method_sections(cfg: RunConfig, probs: Problems) -> None:
     has_eval = cfg.data.eval is not None or cfg.data.eval_split is not None
-    # (a value that is not a strategy, eval_strategy: step, has its own problem and only that one)
-    if trainargs.value(cfg.train, "eval_strategy", cfg.objective) in ("steps", "epoch") and not has_eval:
+    # (a value that is not a strategy, eval_strategy: step, has its own problem and only that one; an
+    # objective TRL lacks, ppo, has its own too, and every objective shares TrainingArguments' default here)
+    objective = cfg.objective if cfg.objective in OBJECTIVES else "sft"
+    if trainargs.value(cfg.train, "eval_strategy", objective) in ("steps", "epoch") and not has_eval:
         probs.add(
             ("train", "eval_strategy"),
             "evaluation needs eval data: add data: eval_split: 0.1 or data: eval: PATH",
