@@ -31,7 +31,7 @@ from nbtrain.contract.objectives import rewards_objectives
 from nbtrain.control.config import trainargs
 from nbtrain.control.config.load import load_config
 from nbtrain.control.config.preset import Planned, Preset, find_preset, plan_problems, train_args_problems
-from nbtrain.control.config.preset.configrules import config_problems
+from nbtrain.control.config.preset.configrules import ConfigStage, config_problems
 from nbtrain.control.config.problems import problems_error
 from nbtrain.control.config.rules.batch import planned_problems
 from nbtrain.control.config.schema import Resolved, RunConfig, VisionSettings
@@ -217,7 +217,12 @@ def prepare(
     # ones to look too wherever they can go on without what it gives.
     problems: list[Problem] = []
     res = load_config(
-        config, name=name, preset=preset, namespace=ns, runs=RegisteredRuns(), deferred=problems
+        config,
+        name=name,
+        preset=ConfigStage(preset) if preset is not None else None,
+        namespace=ns,
+        runs=RegisteredRuns(),
+        deferred=problems,
     )
     loaded = list(problems)  # the config's own, handed on by load_config
 

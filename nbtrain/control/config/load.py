@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from pydantic import ValidationError
@@ -19,8 +19,6 @@ from nbtrain.contract.formats import FORMATS
 from nbtrain.contract.objectives import OBJECTIVES, UNAVAILABLE
 from nbtrain.control.config.datacheck import DataProblem, DataSource, flags_problem
 from nbtrain.control.config.facts import Facts
-from nbtrain.control.config.preset.configrules import config_problems, fill
-from nbtrain.control.config.preset.model import Preset
 from nbtrain.control.config.problems import Problems, schema_problems
 from nbtrain.control.config.rewardmodels import RunLookup
 from nbtrain.control.config.rules.data import chat_template_key, check_sources, data_sections, preprocess_hook
@@ -85,6 +83,18 @@ def parse_source(source: str | Path | dict[str, Any]) -> tuple[dict[str, Any] | 
     return raw, text, base
 
 
+class ConfigRules(Protocol):
+    """Rules applied to a config as it is read: a lab preset's config stage
+    (nbtrain.control.config.preset.ConfigStage) is one. Typed here so that the config loader does not import
+    the preset (which sits beside it, not below it)."""
+
+    def fill(self, raw: Mapping[Any, Any]) -> dict[Any, Any]: ...
+
+    def config_problems(
+        self, raw: Mapping[Any, Any], base: Path
+    ) -> list[tuple[tuple[str | int, ...], str]]: ...
+
+
 # The keys the later stages read the world through (the model's files or Hub repo, the data): a problem
 # with one of them leaves nothing sound for those stages to look at.
 _WORLD_KEYS = ("model", "gguf_file", "revision", "data", "trust_remote_code")
@@ -119,7 +129,7 @@ def load_config(
     source: str | Path | dict[str, Any],
     *,
     name: str | None = None,
-    preset: Preset | None = None,
+    preset: ConfigRules | None = None,
     namespace: Mapping[str, Any] | None = None,
     runs: RunLookup | None = None,
     deferred: list[Problem] | None = None,
@@ -166,8 +176,8 @@ def load_config(
     raw = chat_template_key(raw, facts, probs)
     preset_items: list[tuple[tuple[str | int, ...], str]] = []
     if preset is not None:
-        raw = fill(preset, raw)
-        preset_items = config_problems(preset, raw, base)  # listed after the config's own problems
+        raw = preset.fill(raw)
+        preset_items = preset.config_problems(raw, base)  # listed after the config's own problems
     cfg: RunConfig | None = None
     try:
         cfg = RunConfig.model_validate(raw)

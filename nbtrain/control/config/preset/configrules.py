@@ -9,12 +9,27 @@ import fnmatch
 import os
 import posixpath
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nbtrain.control.config.preset.collect import Item, Items, Written, collect, not_allowed
 from nbtrain.control.config.preset.model import PATH_KEYS, Preset
 from nbtrain.control.config.preset.slurmrules import SLURM, fill_requeues
+
+
+@dataclass(frozen=True)
+class ConfigStage:
+    """A preset's config stage as ``load_config`` takes it (its ``ConfigRules``): what the presets in force
+    fill in, then their rules over what the config says."""
+
+    preset: Preset
+
+    def fill(self, raw: Mapping[Any, Any]) -> dict[Any, Any]:
+        return fill(self.preset, raw)
+
+    def config_problems(self, raw: Mapping[Any, Any], base: Path) -> Items:
+        return config_problems(self.preset, raw, base)
 
 
 def fill(preset: Preset, raw: Mapping[Any, Any]) -> dict[Any, Any]:
