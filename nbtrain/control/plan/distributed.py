@@ -49,13 +49,14 @@ def deepspeed_config(res: Resolved, plan: Plan, args: dict[str, Any]) -> dict[st
     if stage == 3:
         # Save a whole model (not shards) at the end, so output/ loads with from_pretrained.
         zero.setdefault("stage3_gather_16bit_weights_on_model_save", True)
-    micro = int(args.get("per_device_train_batch_size", 8))
-    accum = int(args.get("gradient_accumulation_steps", 1))
+    objective = res.config.objective
+    micro = int(trainargs.value(args, "per_device_train_batch_size", objective))
+    accum = int(trainargs.value(args, "gradient_accumulation_steps", objective))
     wanted = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
         "train_batch_size": micro * accum * plan.world_size,
-        "gradient_clipping": float(args.get("max_grad_norm", 1.0)),
+        "gradient_clipping": float(trainargs.value(args, "max_grad_norm", objective)),
     }
     problems = []
     for key, value in wanted.items():
@@ -81,10 +82,13 @@ def deepspeed_config(res: Resolved, plan: Plan, args: dict[str, Any]) -> dict[st
         ds["optimizer"] = {
             "type": "AdamW",
             "params": {
-                "lr": float(trainargs.value(args, "learning_rate", res.config.objective)),
-                "betas": [float(args.get("adam_beta1", 0.9)), float(args.get("adam_beta2", 0.999))],
-                "eps": float(args.get("adam_epsilon", 1e-8)),
-                "weight_decay": float(args.get("weight_decay", 0.0)),
+                "lr": float(trainargs.value(args, "learning_rate", objective)),
+                "betas": [
+                    float(trainargs.value(args, "adam_beta1", objective)),
+                    float(trainargs.value(args, "adam_beta2", objective)),
+                ],
+                "eps": float(trainargs.value(args, "adam_epsilon", objective)),
+                "weight_decay": float(trainargs.value(args, "weight_decay", objective)),
             },
         }
     ds.setdefault("steps_per_print", 10**9)  # the run directory has the metrics; keep the logs quiet

@@ -40,13 +40,6 @@ NOT_TRL_DEFAULTS = {
     ): "'auto': nbtrain's own value, the plan decides",
     ("nbtrain/worker/tuned.py", "trust_remote_code"): "the config's top-level key, not train:",
 }
-# Re-typed, left until control/plan/distributed.py is not being changed elsewhere: each must at least
-# equal every objective's default (learning_rate, which differs, is read through trainargs there).
-PENDING = {
-    ("nbtrain/control/plan/distributed.py", f)
-    for f in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_grad_norm", "adam_beta1",
-              "adam_beta2", "adam_epsilon", "weight_decay")
-}  # fmt: skip
 
 
 def _literal(node: ast.expr) -> bool:
@@ -82,20 +75,11 @@ def retyped() -> list[tuple[str, int, str, Any]]:
 
 
 def test_no_consumer_retypes_a_trl_default() -> None:
-    found = [h for h in retyped() if (h[0], h[2]) not in NOT_TRL_DEFAULTS and (h[0], h[2]) not in PENDING]
+    found = [h for h in retyped() if (h[0], h[2]) not in NOT_TRL_DEFAULTS]
     assert not found, (
         "TRL defaults re-typed (read them with trainargs.value(args, FIELD, objective), or "
         f"introspect.value in the worker): {found}"
     )
-
-
-def test_pending_retyped_defaults_equal_every_snapshot() -> None:
-    for path, line, field, literal in retyped():
-        if (path, field) in PENDING:
-            values = {o: d[field] for o, d in DEFAULTS.items() if field in d}
-            assert all(v == literal for v in values.values()), (
-                f"{path}:{line}: {field} {literal!r} vs {values}"
-            )
 
 
 def test_default_is_the_snapshots_and_differs_by_objective() -> None:
