@@ -135,6 +135,37 @@ def _keep_converter(sdist: Path) -> None:
     os.replace(partial, target)
 
 
+# llama.cpp's AMX kernels (Intel Sapphire Rapids and newer, which -march=native turns on) ran tile
+# instructions on threads whose tiles were not configured and the process died of SIGILL ("trap invalid
+# opcode ... tilezero" in libggml-cpu) on this project's machines; the build leaves them out (GCC keeps an
+# explicit -mno-* over -march=native). AVX-512 and the rest stay native.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+CMAKE_ARGS = (
+    f"-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DCMAKE_C_FLAGS='{NO_AMX}' "
+    f"-DCMAKE_CXX_FLAGS='{NO_AMX}'"
+)
+
+
+def _wheel(folder: Path, log: Path) -> Path:
+    """The llama-cpp-python wheel built with CMAKE_ARGS, once per machine, kept in nbtrain's cache under
+    the flags' hash (pip's own wheel cache keys a registry sdist's build by its name alone, so a wheel
+    built otherwise -- with AMX, by an earlier nbtrain -- would be taken again)."""
+    import hashlib
+
+    where = folder / hashlib.sha256(CMAKE_ARGS.encode()).hexdigest()[:12]
+    found = sorted(where.glob(f"llama_cpp_python-{ggufcache.LLAMA_CPP_PYTHON}-*.whl"))
+    if found:
+        return found[0]
+    env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2), "CMAKE_ARGS": CMAKE_ARGS}
+    partial = where.with_name(f".{where.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    _pip("wheel", "--no-deps", "--no-cache-dir", "-w", str(partial),
+         f"{PACKAGE}=={ggufcache.LLAMA_CPP_PYTHON}", log=log, env=env)  # fmt: skip
+    shutil.rmtree(where, ignore_errors=True)
+    os.replace(partial, where)
+    return sorted(where.glob("*.whl"))[0]
+
+
 def setup(*, quiet: bool = False) -> Path:
     """Install llama-cpp-python (pip builds it once per machine) and keep its converter; returns the
     converter's folder. One setup at a time per machine (a second waits, then finds it done)."""
@@ -153,16 +184,9 @@ def setup(*, quiet: bool = False) -> Path:
             if not quiet:
                 print(f"nbtrain: building {PACKAGE} {ggufcache.LLAMA_CPP_PYTHON} (llama.cpp, CPU) with pip, "
                       f"~{BUILD_MINUTES} minutes once per machine; log: {log}", flush=True)  # fmt: skip
-            env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
-            # by name, not the file: pip keeps the wheel it builds for a registry sdist
+            wheel = _wheel(root / "wheels", log)
             # [server]: llama_cpp.server, the OpenAI-compatible server the export's README names
-            _pip(
-                "install",
-                f"{PACKAGE}[server]=={ggufcache.LLAMA_CPP_PYTHON}",
-                "sentencepiece",
-                log=log,
-                env=env,
-            )
+            _pip("install", f"{wheel}[server]", "sentencepiece", log=log)
             importlib.invalidate_caches()
         return tools_dir()
     finally:
