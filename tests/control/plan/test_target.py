@@ -23,7 +23,7 @@ def job(tmp_path: Path) -> str:
 
 
 def test_a_7b_model_on_one_t4_is_qlora_in_fp16_without_bf16_or_flash_attention(job: str) -> None:
-    report = nbtrain.estimate(job, on="1xT4")
+    report = nbtrain.estimate(job.replace("Meta-Llama-3-8B", "Llama-2-7b-hf"), on="1xT4")
     plan = report.prepared.plan
     assert (plan.method, plan.precision, plan.device, plan.attn_implementation) == (
         "qlora",
