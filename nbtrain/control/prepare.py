@@ -280,7 +280,7 @@ def _plan_stage(
     plan = make_plan(res, hw)
     if not where.local:
         plan.reasons.insert(0, f"planned for {where.source}, not for this machine")
-    if not plan.fits and where.source == "this machine" and not problems:
+    if not plan.fits and where.probed and not problems:
         hw, plan = reclaim_warm_memory(res, hw, plan)
     refused = accelerator_problems(res.config, plan, hw.accelerator)  # Apple MPS, Ascend NPU
     refused += cpu_processes_problems(res, plan, hw) if where.local else []

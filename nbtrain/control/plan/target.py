@@ -43,6 +43,7 @@ class Where:
     source: str  # for a person: "this machine", "named hardware: 8 x A100-40GB (...)", "SLURM partition ..."
     nodes: int | None = None  # nodes the source fixes (named "2x8x..."); None: the config's
     local: bool = True  # the facts of the machine the notebook sits on (probed, or given for it)
+    probed: bool = False  # read from this machine now: what it frees (idle warm processes) it can read again
 
 
 def named_target(on: str) -> Where:
@@ -66,7 +67,7 @@ def where_to_plan(res: Resolved, hardware: Hardware | None, on: str | None) -> W
             return partition_target(res)
         except Unplannable as e:  # one config problem, at its key, like load_config's
             raise problems_error(res.text, [(e.key, str(e))]) from None
-    return Where(probe_hardware(), "this machine")
+    return Where(probe_hardware(), "this machine", probed=True)
 
 
 def partition_target(res: Resolved) -> Where:
