@@ -112,6 +112,7 @@ class RunDirCallback(TrainerCallback):
         self._last_save = time.monotonic()
         self._step_began: float | None = None
         self._step_times: list[float] = []  # the last few steps' wall seconds
+        self._steps_timed = 0  # steps of this attempt timed so far
         self._checkpoint_due = False
         self.save_total_limit = save_total_limit  # checkpoints kept; rotation is ours (on_save)
         self.stop = stop
@@ -164,7 +165,10 @@ class RunDirCallback(TrainerCallback):
         gc.freeze()
         self._last_t = time.time()
         self._last_tokens = state.num_input_tokens_seen or 0
-        self._status("running", state, force=True, phase=None, download=None)  # the start's phases are over
+        # the start's phases are over, and this attempt's step timing starts afresh (a resumed run's
+        # status.json still holds the last attempt's)
+        self._status("running", state, force=True, phase=None, download=None, step_seconds=None,
+                     step_ended=None, steps_timed=0)  # fmt: skip
         self.write_system(memory_sample())
 
     def on_log(
@@ -231,14 +235,20 @@ class RunDirCallback(TrainerCallback):
         self._step_began = time.time()
 
     def _step_timing(self) -> dict[str, Any]:
-        """``step_seconds`` (the median of the last five steps' wall time) and ``step_ended``, for
-        status.json: how long a stop waits for the step in progress (``Run.stop``) and what it says."""
+        """``step_seconds`` (the median of the last five steps' wall time), ``step_ended`` and
+        ``steps_timed``, for status.json: how long a stop waits for the step in progress (``Run.stop``) and
+        what it says, and the views' time left (``control/runs/eta``) on steps that log nothing."""
         now = time.time()
         if self._step_began is not None:
             self._step_times = [*self._step_times[-4:], now - self._step_began]
+            self._steps_timed += 1
         if not self._step_times:
             return {}
-        return {"step_seconds": sorted(self._step_times)[len(self._step_times) // 2], "step_ended": now}
+        return {
+            "step_seconds": sorted(self._step_times)[len(self._step_times) // 2],
+            "step_ended": now,
+            "steps_timed": self._steps_timed,
+        }
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -250,7 +260,10 @@ class RunDirCallback(TrainerCallback):
             control.should_save = True  # a stopped run keeps its progress as a checkpoint
             self._status("stopping", state, force=True, stop_reason=self.stop.reason, **timing)
         else:
-            self._status("stopping" if self.stop.requested else "running", state, **timing)
+            # every step, logged or not (at most one write a status_interval); at once for the second
+            # timed step, which makes the views' time left known (control/runs/eta.MIN_TIMED)
+            first = self._steps_timed == 2
+            self._status("stopping" if self.stop.requested else "running", state, force=first, **timing)
         if checkpoint and not control.should_save:
             control.should_save = True
             why = (

@@ -18,7 +18,9 @@ import pytest
 import nbtrain
 from nbtrain.contract.rundir import checkpoint_step
 from nbtrain.control.launch import process
+from nbtrain.control.runs.metrics import MetricsTail
 from nbtrain.control.runs.run import last_checkpoint
+from nbtrain.ui.figures import progress
 from tests.conftest import lora_yaml
 from tests.control.test_resume import wait_step
 
@@ -67,6 +69,13 @@ def test_a_stop_waits_for_a_step_longer_than_its_floor_and_the_run_stays_resumab
     wait_status_step(api, 2)
     wait_status_step(cli_run, 2)
     assert (api.status().step_seconds or 0) >= 2.9  # the sleep and the step's own work, on a busy machine
+    # with no loss logged yet (logging_steps 5), the header already says the time left and the first loss
+    tail = MetricsTail(api.paths)
+    tail.poll()
+    shown = progress(tail, api.status())
+    assert api.status().steps_timed >= 2 and shown.eta is not None and shown.eta > 100 * 2.9
+    if tail.records == 0:
+        assert "training: first loss at step 5" in (shown.waiting() or ""), shown.waiting()
 
     # run.stop(): while it waits, the status says what for (the sidebar and the run page show this line)
     seen: list[str | None] = []

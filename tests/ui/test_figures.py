@@ -222,6 +222,32 @@ def test_title_of_a_failed_run_shows_its_error_and_no_eta(files: RunFiles) -> No
     assert "OutOfMemoryError" in line.text and "&lt;tried 2 GiB&gt;" in line.text
 
 
+def test_a_run_logging_every_5_steps_shows_time_left_and_its_first_loss_once_two_steps_are_timed(
+    tmp_path: Path,
+) -> None:
+    # lab 6's shape: logging_steps 5, slow steps; status.json has the worker's step timing, no record yet
+    f = RunFiles(tmp_path / "lab6", max_steps=100, train_args={"logging_steps": 5})
+    now = f.t0 + 60
+    one = RunStatus("running", step=1, max_steps=100, step_seconds=20.0, step_ended=now, steps_timed=1)
+    fig = build_figure(polled(f), one, now=now)
+    assert " left" not in fig.layout.title.text  # one step (with its warm-up) says little
+    (phase,) = named(fig, "phase")
+    assert "training: first loss at step 5" in phase.text
+    two = RunStatus("running", step=2, max_steps=100, step_seconds=20.0, step_ended=now, steps_timed=2)
+    fig = build_figure(polled(f), two, now=now)
+    assert "step 2/100" in fig.layout.title.text and "32 min 40 s left" in fig.layout.title.text
+    (phase,) = named(fig, "phase")
+    assert "training: first loss at step 5, in about 60 s" in phase.text
+    f.close()
+
+
+def test_a_stopped_runs_elapsed_stops_at_its_stop_however_long_it_sits(files: RunFiles) -> None:
+    files.steps(1, 11)
+    st = RunStatus("stopped", step=10, max_steps=100, updated=files.t0 + 12)
+    p = progress(polled(files), st, now=files.t0 + 7200)
+    assert p.elapsed == pytest.approx(11.0) and p.eta is None  # from its first record (no launch.json)
+
+
 def test_eta_moves_smoothly_through_noisy_steps_and_evaluation_pauses(tmp_path: Path) -> None:
     # 300 steps: durations around 1 s in two modes (0.6 / 1.4 s, as steps of two lengths alternate at
     # random), a 20 s evaluation every 50 steps, and a slow first step.

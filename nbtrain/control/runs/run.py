@@ -78,6 +78,7 @@ class RunStatus:
     # whether a stop was asked for and is not done yet: what a stop waits for and says.
     step_seconds: float | None = None
     step_ended: float | None = None
+    steps_timed: int = 0  # steps of this attempt the worker has timed (the time left needs two)
     stop_asked: bool = False
     stop_reason: str | None = None  # once stopped: who asked ("user", "sidebar", a signal's name)
 
@@ -249,6 +250,7 @@ class Run:
             slurm=raw.get("slurm") if isinstance(raw.get("slurm"), dict) else None,
             step_seconds=_number(raw.get("step_seconds")),
             step_ended=_number(raw.get("step_ended")),
+            steps_timed=_count(raw.get("steps_timed")) or 0,
             stop_asked=raw.get("state") in ACTIVE_STATES and self.paths.control_file("stop").exists(),
             stop_reason=str(raw["stop_reason"])[:100] if isinstance(raw.get("stop_reason"), str) else None,
         )

@@ -1,58 +1,65 @@
 """A run's own time, for its charts: elapsed over every attempt of a resumed run (the pause between a stop
-and its resume left out), the ETA from the recent steps with outliers clipped, the wall time of each
-logged step (so memory samples, which carry a wall time only, land on the step axis), and the moving
-average the throughput is drawn with."""
+and its resume left out), the speed of the recent logged steps (the time left is ``control/runs/eta``'s),
+the wall time of each logged step (so memory samples, which carry a wall time only, land on the step
+axis), and the moving average the throughput is drawn with."""
 
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from nbtrain.contract.rundir import MAX_JSON_BYTES, RunPaths, read_json
+from nbtrain.control.runs.eta import RECENT, logged_seconds_per_step, loss_every
 from nbtrain.control.runs.metrics import FloatArray, MetricsTail
 
 SMOOTHING_SPAN = 20  # logged steps in the throughput's moving average
-RECENT = 100  # logged steps the ETA's speed is measured over
 
-_RESUME_CACHE: dict[str, tuple[tuple[int, int], tuple[int, int] | None]] = {}
+# per resolved.json: its (mtime, size), the resume's (step, attempt) and the train args' loss_every input
+_RESOLVED_CACHE: dict[str, tuple[tuple[int, int], tuple[int, int] | None, dict[str, Any]]] = {}
+_LOGGING_KEYS = ("logging_strategy", "logging_first_step", "logging_steps")
 
 
-def resume_of(paths: RunPaths) -> tuple[int, int] | None:
-    """(step, attempt) of a resumed run's current attempt, from resolved.json; None for a first attempt.
+def _resolved(paths: RunPaths) -> tuple[tuple[int, int] | None, dict[str, Any]]:
+    """What a live view needs of resolved.json: the resume's (step, attempt) and the logging train args.
 
     resolved.json changes only at a resume, and a live view asks several times a second: the answer is
     kept until the file changes."""
     try:
         st = os.stat(paths.resolved)
     except OSError:
-        return None
+        return None, {}
     key = str(paths.resolved)
     sig = (st.st_mtime_ns, st.st_size)
-    hit = _RESUME_CACHE.get(key)
+    hit = _RESOLVED_CACHE.get(key)
     if hit is not None and hit[0] == sig:
-        return hit[1]
+        return hit[1], hit[2]
     try:
-        resume = read_json(paths.resolved, max_bytes=MAX_JSON_BYTES).get("resume")
+        data = read_json(paths.resolved, max_bytes=MAX_JSON_BYTES)
+        resume, args = data.get("resume"), data.get("train_args")
     except (OSError, ValueError, AttributeError):
-        resume = None
+        resume = args = None
     out = None
     if isinstance(resume, dict):
         step, attempt = resume.get("step"), resume.get("attempt")
         if isinstance(step, (int, float)) and isinstance(attempt, (int, float)):
             out = (int(step), int(attempt))
-    _RESUME_CACHE[key] = (sig, out)
-    return out
+    logging = {k: args[k] for k in _LOGGING_KEYS if k in args} if isinstance(args, dict) else {}
+    _RESOLVED_CACHE[key] = (sig, out, logging)
+    return out, logging
 
 
-def _mean_clipped(per_step: FloatArray, weights: FloatArray) -> float:
-    # step-weighted mean of seconds per step, each interval clipped to [median/3, 3 x median]: a pause for
-    # evaluation or a checkpoint moves it a little, and no single interval moves it much
-    med = float(np.median(per_step))
-    clipped = np.clip(per_step, med / 3, med * 3)
-    return float(np.sum(clipped * weights) / np.sum(weights))
+def resume_of(paths: RunPaths) -> tuple[int, int] | None:
+    """(step, attempt) of a resumed run's current attempt, from resolved.json; None for a first attempt."""
+    return _resolved(paths)[0]
+
+
+def loss_every_of(paths: RunPaths, max_steps: int | None) -> int | None:
+    """Every how many steps the run logs a loss (resolved.json's train args, ``eta.loss_every``)."""
+    return loss_every(_resolved(paths)[1], max_steps)
 
 
 @dataclass(frozen=True)
@@ -93,16 +100,7 @@ class Clock:
 
     def seconds_per_step(self) -> float | None:
         """Recent seconds per step: over the last ``RECENT`` records, outliers clipped, pauses left out."""
-        r = self.recent
-        if len(r) < 3:
-            return None
-        dt, ds = np.diff(r[:, 0]), np.diff(r[:, 1])
-        ok = (ds > 0) & (dt > 0)
-        for a, b in self.pauses:
-            ok &= ~((r[:-1, 0] < b) & (r[1:, 0] > a))
-        if ok.sum() < 4:
-            return None  # a few steps say little about the rest
-        return _mean_clipped(dt[ok] / ds[ok], ds[ok])
+        return logged_seconds_per_step(self.recent, self.pauses)
 
 
 def clock(tail: MetricsTail) -> Clock:
@@ -146,14 +144,6 @@ def clock(tail: MetricsTail) -> Clock:
 def duration(seconds: float) -> str:
     s = max(0, int(seconds))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def remaining(seconds: float) -> str:
-    """Time left in words ("18 min 10 s left"): "ETA 18:10" reads like a clock time."""
-    s = max(0, round(seconds))
-    if s >= 3600:
-        return f"{s // 3600} h {s // 60 % 60:02d} min left"
-    return f"{s // 60} min {s % 60:02d} s left" if s >= 60 else f"{s} s left"
 
 
 def durations(seconds: FloatArray) -> list[str]:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 
 from nbtrain.contract.rundir import TERMINAL_STATES
+from nbtrain.control.runs.eta import remaining, time_left
 from nbtrain.control.runs.metrics import MetricsTail
 from nbtrain.ui.figures.axes import ThroughputAxis, short_number
-from nbtrain.ui.figures.clock import Clock, clock, duration, remaining
+from nbtrain.ui.figures.clock import Clock, clock, duration, loss_every_of
 from nbtrain.ui.figures.memoryline import GIB, MemoryLine
 from nbtrain.ui.figures.panels import FIGURE_HEIGHT_BASE, MARGIN, axis_names
 from nbtrain.ui.figures.theme import AXIS_LINE, GRID, INK, MUTED, RUNNING_COLOR, STATE_COLORS
@@ -54,6 +55,7 @@ class Progress:
     error: dict[str, Any] | None
     phase: str | None = None  # while starting: "downloading model org/x 3.1 / 15.2 GB, 40 MB/s", ...
     records: int = 0  # logged steps read so far
+    first_loss: str | None = None  # before it: "first loss at step 5, in about 3 min" (control/runs/eta)
 
     @property
     def done(self) -> bool:
@@ -80,7 +82,7 @@ class Progress:
         return {
             "queued": "queued: waiting to start",
             "starting": "starting the training process",
-            "running": "training: waiting for the first logged step",
+            "running": f"training: {self.first_loss or 'waiting for the first logged step'}",
             "stopping": "stopping",
         }.get(self.state, self.state)
 
@@ -96,21 +98,26 @@ def progress(
         # a finished run's elapsed time stops at its last status write, not at "now"
         end = status.updated if status.done and status.updated else now
         elapsed = clk.elapsed(end)
-    eta = None
-    spp = clk.seconds_per_step()
-    if not status.done and status.max_steps and spp:
-        eta = max(0, status.max_steps - step) * spp
+    left = time_left(
+        status,
+        logged=clk.seconds_per_step(),
+        losses=tail.records,
+        loss_every=loss_every_of(tail.paths, status.max_steps),
+        step=step,
+        now=now,
+    )
     return Progress(
         state=status.state,
         step=step,
         max_steps=status.max_steps,
         elapsed=elapsed,
-        eta=eta,
+        eta=left.seconds,
         loss=tail.last.get("loss"),
         eval_loss=tail.last.get("eval_loss"),
         error=status.error,
         phase=status.phase_text(),
         records=tail.records,
+        first_loss=left.first_loss_text,
     )
 
 
