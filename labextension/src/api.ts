@@ -29,6 +29,12 @@ export interface IRunInfo {
   loss: number | null;
   // The run's loss history, thinned evenly to a few dozen points (the sidebar's sparkline).
   losses: number[];
+  // While it trains (the server's estimate, control/runs/eta, null until two steps are timed): seconds to
+  // its last step and in words ("32 min 40 s left"); before its first loss, when that comes ("first loss
+  // at step 5, in about 60 s").
+  left?: number | null;
+  left_text?: string | null;
+  first_loss_text?: string | null;
   error: { type?: string; message?: string } | null;
   updated: number | null;
   // Its OpenAI-compatible model server while one runs (never its key): url null with a note when the
