@@ -24,7 +24,7 @@ import ipywidgets as widgets
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.ggufcache import GGUF_LORA_TYPES
-from nbtrain.control.jobs.export import ExportResult, export, run_method
+from nbtrain.control.jobs.export import ExportResult, export, gguf_verdict, run_method
 from nbtrain.control.runs.run import Run, get_run, has_trained_weights
 
 FORMATS: Final = (("safetensors (transformers)", "hf"), ("GGUF (llama.cpp, Ollama)", "gguf"))
@@ -252,7 +252,7 @@ class ExportBox:
 
     def _progress(self, line: str) -> None:
         self.lines.append(line)
-        if "\n" not in line:  # the job's lines; the report comes whole at the end and shows below
+        if "\n" not in line:  # the job's lines; the report is the result's and shows below
             self._say(line.removeprefix("nbtrain export:").strip() + "…")
 
     def _done(self, result: ExportResult) -> None:
@@ -278,6 +278,8 @@ def report_html(report: dict[str, Any]) -> str:
     tokens/s in llama.cpp), what it was checked on, and the Ollama command (``gguf_table`` in words)."""
     n = report.get("prompts", 0)
     ref = (report.get("transformers") or {}).get("accuracy")
+    verdict = gguf_verdict(report)
+    said = f"<div class='nbtrain-export-verdict'><b>{html.escape(verdict)}</b></div>" if verdict else ""
     head = (
         f"checked on {n} prompts ({html.escape(str(report.get('prompts_from')))})"
         + ("" if ref is None else f"; the merged model in transformers: accuracy {ref:.2f}")
@@ -299,7 +301,7 @@ def report_html(report: dict[str, Any]) -> str:
     )
     create = (report.get("ollama") or {}).get("create")
     ollama = f"<div>Ollama: <code>{html.escape(create)}</code></div>" if create else ""
-    return f"<div>{head}</div>{table}{ollama}"
+    return f"{said}<div>{head}</div>{table}{ollama}"
 
 
 def _hf_usage(to: Path, kind: str) -> str:

@@ -58,7 +58,10 @@ class ExportResult:
             ("what", f"{self.kind}: {rec.get('method')} {rec.get('objective')} of {rec.get('base_model')}"),
             ("where", str(self.dir)),
         ]
-        if rec.get("dtype"):
+        gguf = rec.get("gguf") or {}
+        if self.kind.startswith("gguf"):  # each file's own type; the merge's float is only a step there
+            rows.append(("GGUF types", ", ".join(gguf.get("files") or rec.get("quants") or [])))
+        elif rec.get("dtype"):
             rows.append(("precision", str(rec["dtype"])))
         if self.files:
             size = sum(p.stat().st_size for f in self.files if (p := self.dir / f).is_file())
@@ -85,10 +88,53 @@ class ExportResult:
         )
 
 
-def gguf_table(report: dict[str, Any]) -> str:
-    """The GGUF export's check, one line a file, and the Ollama command."""
+# A GGUF file "matches" the full model when at least this share of its answers are the full model's; a
+# model that answers under TRAINED_ENOUGH of its own held-out prompts right is not worth exporting yet.
+MATCHES = 0.9
+TRAINED_ENOUGH = 0.5
+
+
+def _right(ref: dict[str, Any], n: int) -> tuple[int, int] | None:
+    """(answers right, answers scored) of the full model; reports before the counts: from its accuracy."""
+    if ref.get("scored"):
+        return int(ref["right"]), int(ref["scored"])
+    acc = ref.get("accuracy")
+    return (round(acc * n), n) if acc is not None and n else None
+
+
+def gguf_verdict(report: dict[str, Any]) -> str | None:
+    """One sentence on the check: how often each file answers as the full model (merged, in transformers)
+    does, how often that model itself answers right, and what to do about it. None when nothing was
+    checked."""
     n = report.get("prompts", 0)
-    lines = [f"checked on {n} prompts ({report.get('prompts_from')})" if n else "not checked: no SFT prompts"]
+    files = {q: int(f["same_as_transformers"]) for q, f in (report.get("files") or {}).items()
+             if "same_as_transformers" in f}  # fmt: skip
+    if not n or not files:
+        return None
+    said = [f"{q} on {same}/{n}" for q, same in files.items()]
+    text = f"{said[0].replace(' on ', ' matches the full model on ', 1)}{''.join(', ' + x for x in said[1:])}"
+    text += " prompts"
+    right = _right(report.get("transformers") or {}, n)
+    if right is not None:
+        text += f"; the model itself answers {right[0]}/{right[1]} right"
+    worst = min(files, key=lambda q: files[q])
+    if right is not None and right[0] < TRAINED_ENOUGH * right[1]:
+        return f"{text}: train longer before exporting"
+    if files[worst] < MATCHES * n:
+        better = [q for q in files if files[q] >= MATCHES * n]
+        use = f"use {better[0]}" if better else "a larger type (q8_0, f16) keeps more of them"
+        return f"{text}: {worst} changes {n - files[worst]} of the answers; {use} where they must hold"
+    return f"{text}: ready to use"
+
+
+def gguf_table(report: dict[str, Any]) -> str:
+    """The GGUF export's check: its verdict, one line a file, and the Ollama command."""
+    n = report.get("prompts", 0)
+    verdict = gguf_verdict(report)
+    lines = [verdict] if verdict else []
+    lines.append(
+        f"checked on {n} prompts ({report.get('prompts_from')})" if n else "not checked: no SFT prompts"
+    )
     ref = (report.get("transformers") or {}).get("accuracy")
     if ref is not None:
         lines.append(f"  transformers (merged model): accuracy {ref:.2f}")
@@ -104,10 +150,6 @@ def gguf_table(report: dict[str, Any]) -> str:
     if create:
         lines.append(f"Ollama: {create}")
     return "\n".join(lines)
-
-
-def _print(text: str) -> None:
-    print(text, flush=True)
 
 
 def _quants(quant: str | list[str] | None) -> list[str]:
@@ -225,7 +267,8 @@ def export(
     ``private=False``); if that fails, the local export is kept and the error says so.
 
     ``on_progress``: what the job says it is doing (GGUF: converting, quantising, checking), one line at a
-    time, and the report at the end; printed when not given.
+    time; printed when not given. The report (its verdict, a line a file) is the result's, shown once
+    when the result is (its repr, its HTML in a notebook).
     """
     r = get_run(run)
     problems = []
@@ -249,7 +292,13 @@ def export(
     elif quant is not None:
         problems.append("quant is for format='gguf' (--format gguf)")
     if problems:
-        raise NbtrainError("not exported: " + "; ".join(problems))
+        text = "not exported: " + "; ".join(problems)
+        if format == "gguf":
+            from nbtrain.control.jobs import llamacpp
+
+            if llamacpp.missing() is not None:  # one paragraph, shown without a traceback
+                raise llamacpp.NotSetUp(text)
+        raise NbtrainError(text)
     args = [str(r.dir), "--to", str(target), "--dtype", dtype, "--merge" if merge else "--no-merge"]
     if overwrite:
         args.append("--overwrite")
@@ -269,8 +318,6 @@ def export(
         raise NbtrainError(f"export of run {r.id} failed: {res.get('error')}; see {log}")
     record = res["record"]
     out = ExportResult(target, record["kind"], record, list(res.get("files") or []), res.get("pushed"))
-    if record["kind"].startswith("gguf"):
-        (on_progress or _print)(gguf_table(record.get("gguf") or {}))
     if res.get("push_error"):
         raise NbtrainError(
             f"exported to {target}, but pushing it to the hub repo {push_to_hub!r} failed: "

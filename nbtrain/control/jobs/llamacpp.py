@@ -64,6 +64,15 @@ def kept() -> bool:
     return (tools_dir() / ggufcache.CONVERTED).is_file()
 
 
+class NotSetUp(NbtrainError):
+    """A GGUF export on a machine where llama.cpp is not set up: the message is one paragraph naming the
+    command that sets it up, and IPython shows it without a traceback (``_render_traceback_``): the
+    cause is this machine's setup, not the code that called export."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
 def missing() -> str | None:
     """What a GGUF export lacks here, in words with the command that sets it up; None when ready."""
     parts = []
@@ -74,9 +83,9 @@ def missing() -> str | None:
     if not parts:
         return None
     return (
-        f"GGUF export needs {' and '.join(parts)}: run `nbtrain gguf-setup` (or `python -m "
-        f"nbtrain.control.jobs.llamacpp setup`) once on this machine; `pip install 'nbtrain[gguf]'` installs "
-        "the package alone"
+        f"GGUF export needs {' and '.join(parts)}, not set up on this machine yet: run `%finetune "
+        "gguf-setup` in a notebook cell (or `nbtrain gguf-setup` in a terminal) once on this machine, then "
+        "this export again; `pip install 'nbtrain[gguf]'` installs the package alone"
     )
 
 

@@ -385,7 +385,9 @@ def _check_and_describe(
         model = job.merged_model()
         print(f"nbtrain export: checking each file on {len(rows)} prompts ({source})", flush=True)
         reference = hf_answers(model, tok, [ids for _, ids in rendered], new_tokens)
-        report["transformers"] = {"accuracy": _accuracy(reference, wanted)}
+        scored = [(a, w) for a, w in zip(reference, wanted, strict=True) if w is not None]
+        report["transformers"] = {"accuracy": _accuracy(reference, wanted), "scored": len(scored),
+                                  "right": sum(a.strip() == w.strip() for a, w in scored)}  # fmt: skip
         for q in quants:
             if base is None:
                 got = llama_answers(paths[q], rendered, new_tokens)

@@ -90,11 +90,16 @@ def test_a_gguf_export_without_llama_cpp_set_up_says_how_to_set_it_up(
     if kept:
         llama_cpp_dir().mkdir(parents=True)
         (llama_cpp_dir() / CONVERTED).write_text("llama_cpp_python.tar.gz\n")
-    with pytest.raises(NbtrainError) as err:
+    from nbtrain.control.jobs.llamacpp import NotSetUp
+
+    with pytest.raises(NotSetUp) as err:
         nbtrain.export(run_copy, to=tmp_path / "x", format="gguf")
     msg = str(err.value)
     assert msg.startswith("not exported: GGUF export needs llama-cpp-python (llama.cpp; built from source")
-    assert ("llama.cpp's converter" in msg) is not kept and "run `nbtrain gguf-setup`" in msg
+    assert ("llama.cpp's converter" in msg) is not kept and "not set up on this machine yet" in msg
+    assert "run `%finetune gguf-setup` in a notebook cell (or `nbtrain gguf-setup` in a terminal)" in msg
+    # IPython shows it as the one paragraph, no traceback (the README's export line in a notebook)
+    assert err.value._render_traceback_() == [f"NotSetUp: {msg}"] and "\n" not in msg
     assert not (tmp_path / "x").exists() and not (run_copy / "logs" / "export.log").exists()
 
 
@@ -150,3 +155,47 @@ def test_an_export_shows_as_a_readable_summary_with_its_record_folded_away(tmp_p
     page = out._repr_html_()
     assert page.index("<table>") < page.index("<details>")  # the summary first, the raw record folded
     assert "&quot;run_id&quot;: &quot;20261205-sft-1a2b&quot;" in page.split("<details>")[1]
+
+
+def _gguf_report(same: dict[str, int], right: int, n: int = 32) -> dict[str, object]:
+    files = {q: {"bytes": 2**20, "same_as_transformers": k, "accuracy": right / n, "tokens_per_s": 30.0}
+             for q, k in same.items()}  # fmt: skip
+    return {"prompts": n, "prompts_from": "the run's eval rows", "files": files,
+            "transformers": {"accuracy": right / n, "right": right, "scored": n}}  # fmt: skip
+
+
+def test_a_gguf_report_opens_with_a_verdict_on_the_quant_and_on_the_model_itself() -> None:
+    from nbtrain.control.jobs.export import gguf_verdict
+
+    untrained = _gguf_report({"q4_k_m": 20}, right=0)  # what an under-trained tiny-adder run gave
+    assert gguf_verdict(untrained) == (
+        "q4_k_m matches the full model on 20/32 prompts; the model itself answers 0/32 right: train longer "
+        "before exporting"
+    )
+    lossy = gguf_verdict(_gguf_report({"f16": 32, "q4_k_m": 20}, right=31))
+    assert lossy == (
+        "f16 matches the full model on 32/32, q4_k_m on 20/32 prompts; the model itself answers 31/32 right: "
+        "q4_k_m changes 12 of the answers; use f16 where they must hold"
+    )
+    assert gguf_verdict(_gguf_report({"q8_0": 32}, right=30)).endswith("answers 30/32 right: ready to use")
+    older = {**untrained, "transformers": {"accuracy": 0.25}}  # a report from before the counts
+    assert "the model itself answers 8/32 right" in str(gguf_verdict(older))
+    assert gguf_verdict({"prompts": 0, "files": {"f16": {"bytes": 1}}}) is None  # nothing was checked
+
+
+def test_a_gguf_export_shows_its_types_not_the_merges_precision_and_its_check_once(tmp_path: Path) -> None:
+    from nbtrain.control.jobs.export import ExportResult
+    from nbtrain.ui.export_box import report_html
+
+    (tmp_path / "tiny-q4_k_m.gguf").write_bytes(b"\0" * 2**20)
+    report = _gguf_report({"q4_k_m": 20}, right=0)
+    record = {"run_id": "20261206-follow-758a", "run_name": "follow", "step": 150, "method": "lora",
+              "objective": "sft", "base_model": "/m/tiny-adder", "dtype": "float32", "kind": "gguf",
+              "quants": ["q4_k_m"], "gguf": report}  # fmt: skip
+    out = ExportResult(tmp_path, "gguf", record, ["tiny-q4_k_m.gguf"])
+    rows = dict(out.summary())
+    assert "precision" not in rows and rows["GGUF types"] == "q4_k_m"  # no float32 beside a q4_k_m file
+    page, text = out._repr_html_(), repr(out)
+    for shown in (page, text):
+        assert shown.count("checked on 32 prompts") == 1 and shown.count("train longer before exporting") == 1
+    assert "train longer before exporting" in report_html(report)  # the export form's report too
