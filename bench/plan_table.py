@@ -395,6 +395,30 @@ HEADER = ("card", "GPUs", "model", "method asked", "method", "precision", "micro
           "checkpointing", "strategy", "kernels, optimizer", "lr", "GiB est. / usable, fits")  # fmt: skip
 
 
+def undertrain_markdown() -> list[str]:
+    """The rule behind the plan's under-training warning (nbtrain.control.plan.length), with the runs it
+    was measured on."""
+    from nbtrain.control.plan.length import MEASURED, UNDERTRAIN_BELOW
+
+    text = (
+        "The plan counts the optimizer steps a run will take (`train: max_steps`, else the epochs over the "
+        "rows the data holds, as the Trainer counts them; the panel shows them in its Max steps box) and "
+        "warns when an adapter's SFT run gets a learning-rate budget, learning rate x steps, under "
+        f"**{UNDERTRAIN_BELOW:g}**. The rule comes from these runs of nbtrain's tiny model (the "
+        "tiny-adder, LoRA r 8, on its 400 addition rows, batch 8, TRL's linear schedule, on CPU; measured "
+        "2026-12-06): under the line its loss stayed above 2, from the line on it fell below 1.7. It is one "
+        "small model and task, so it is a warning, never a refusal; full fine-tuning and the preference "
+        "and RL objectives are not warned (not measured)."
+    )
+    out = ["## Will it train enough?", "", text, "",
+           "| learning rate | steps | lr x steps | loss at the start | loss at the end (last 5 steps) "
+           "| warned |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for lr, steps, start, end in MEASURED:
+        warned = "yes" if lr * steps < UNDERTRAIN_BELOW else "no"
+        out.append(f"| {lr:g} | {steps} | {lr * steps:.3g} | {start:.2f} | {end:.2f} | {warned} |")
+    return [*out, ""]
+
+
 def markdown(table: list[Row]) -> str:
     out = [
         "# The auto plan, situation by situation",
@@ -411,7 +435,8 @@ def markdown(table: list[Row]) -> str:
         "How these choices compare with what LLaMA-Factory, Unsloth, axolotl, torchtune and ms-swift "
         "publish for the same situations, and why nbtrain differs where it does: "
         "[below](#the-plan-against-what-experts-run); the estimate against peaks others measured: "
-        "[below](#the-estimate-against-published-measurements).",
+        "[below](#the-estimate-against-published-measurements); when the plan warns that a run will "
+        "under-train: [below](#will-it-train-enough).",
         "",
     ]
     for machine in MACHINES:
@@ -422,6 +447,7 @@ def markdown(table: list[Row]) -> str:
                 out.append("| " + " | ".join(r.cells()[1:]) + " |")
         out.append("")
     out += comparison_markdown(table)
+    out += undertrain_markdown()
     out += published_markdown()
     return "\n".join(out)
 

@@ -42,7 +42,8 @@ def test_named_hardware_plans_for_it_and_launch_is_off_saying_why(
     assert first.startswith("Planned for named hardware: 1 x T4 (15 GiB each, no bf16 (fp16)"), first
     assert plan.startswith("Plan: lora sft on cuda, 1 process, fp16"), plan
     assert (p.planned_plan["device"], p.planned_plan["precision"]) == ("cuda", "fp16")
-    assert "of 15.0 GiB" in p.plan_text[-1] and "per GPU" in p.plan_text[-1]
+    memory = next(line for line in p.plan_text if line.startswith("Memory:"))  # warnings may follow it
+    assert "of 15.0 GiB" in memory and "per GPU" in memory
     assert "Planned for named hardware: 1 x T4" in p.plan_area.value
     why = "planned for 1 x T4: the estimate only; runs start where they run — use a SLURM partition or "
     assert p.launch_button.disabled and p.launch_button.tooltip.startswith(why)

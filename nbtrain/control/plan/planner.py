@@ -18,6 +18,7 @@ from nbtrain.control.config import trainargs
 from nbtrain.control.config.facts import bitsandbytes_problem
 from nbtrain.control.config.schema import Resolved, RunConfig
 from nbtrain.control.memory import Estimate
+from nbtrain.control.plan import length
 from nbtrain.control.plan.accelerators import ACCELERATORS, QLORA_WHY, UNVERIFIED, accelerator_precision
 from nbtrain.control.plan.estimates import checkpointing_rule, request_for
 from nbtrain.control.plan.facts import model_config
@@ -55,6 +56,8 @@ class Plan:
     padding_free: bool | None = None
     # learning_rate when the planner chose it (an SFT adapter, train: left it out): LORA_LEARNING_RATE
     learning_rate: float | None = None
+    # the optimizer steps the run takes (plan/length.py), where known before the start
+    steps: int | None = None
     # optim when the planner chose it (a CUDA run, train: left it out): torch's fused AdamW
     optim: str | None = None
     # Estimate.to_dict() of this plan, with the fit rule's capacity_bytes and usable_bytes, and the device
@@ -177,8 +180,8 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
                 warnings=warnings)  # fmt: skip
     plan.method = cfg.method
     _plan_memory(res, hw, plan)
-    if cfg.objective == "sft" and plan.method in ("lora", "qlora") and "learning_rate" not in cfg.train:
-        plan.learning_rate = LORA_LEARNING_RATE
+    plan.learning_rate = planned_learning_rate(cfg.objective, plan.method, cfg.train)
+    if plan.learning_rate is not None:
         reasons.append(
             f"learning rate {LORA_LEARNING_RATE:g}: where {plan.method} fine-tuning usually starts (TRL's "
             f"default 2e-05 suits full fine-tuning and moves an adapter little); train: learning_rate sets "
@@ -197,7 +200,19 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
         # peft defines its 4/8-bit LoRA layers only if bitsandbytes imported with it, and importing
         # bitsandbytes initialises CUDA (its device query), after which a process cannot fork
         reasons.append("starts cold: QLoRA needs bitsandbytes, which the warm process cannot hold")
+    args = train_args(res, plan)
+    plan.steps = length.planned_steps(res, args, plan.world_size)
+    lr = trainargs.value(args, "learning_rate", cfg.objective)
+    if under := length.undertrain_warning(cfg.objective, plan.method, lr, plan.steps):
+        warnings.append(under)
     return plan
+
+
+def planned_learning_rate(objective: str, method: str, train: Mapping[str, Any]) -> float | None:
+    """The learning rate the plan sets: LORA_LEARNING_RATE for an SFT adapter (method auto chooses one)
+    whose train: gives none; None where TRL's default (or the user's) stands."""
+    adapter = method in ("lora", "qlora", "auto")
+    return LORA_LEARNING_RATE if objective == "sft" and adapter and "learning_rate" not in train else None
 
 
 # ------------------------------------------------------------------------------- memory planning

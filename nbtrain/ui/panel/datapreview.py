@@ -20,6 +20,7 @@ from nbtrain.contract.formats import (
     detect_format,
     to_example,
 )
+from nbtrain.contract.ggufcache import is_gguf
 from nbtrain.contract.objectives import OBJECTIVES
 from nbtrain.control.config import datasetinfo
 from nbtrain.control.config.chat_template import ChatTemplate, find_chat_template
@@ -104,7 +105,9 @@ def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
     model = cfg.get("model")
     if isinstance(model, str) and model.strip() and "\0" not in model:
         mdir = resolve_path(model, base)
-        if mdir.is_dir():
+        if is_gguf(mdir.name) and mdir.is_file():
+            out.template, out.template_note = gguf_template(mdir)
+        elif mdir.is_dir():
             try:
                 out.template = find_chat_template(mdir)
             except (OSError, ValueError) as e:
@@ -145,6 +148,20 @@ def data_preview(cfg: Mapping[str, Any], base: Path, n: int = 3) -> Preview:
                 item.template_error = f"{type(e).__name__}: {e}"
         out.rows.append(item)
     return out
+
+
+def gguf_template(file: Path) -> tuple[ChatTemplate | None, str | None]:
+    """A GGUF file's chat template, read from its header (``tokenizer.chat_template``, as llama.cpp and
+    transformers read it), or why there is none."""
+    from nbtrain.control.models import gguf
+
+    try:
+        info = gguf.read(file)
+    except gguf.GgufProblem as e:
+        return None, f"could not read the chat template of {file.name}: {e}"
+    if not info.chat_template:
+        return None, f"{file.name} has no chat template in its header (conversational data needs one)"
+    return ChatTemplate(info.chat_template, f"{file.name}'s header"), None
 
 
 _ROLE_COLOURS = {"system": "#6a1b9a", "user": "#1565c0", "assistant": "#2e7d32", "tool": "#ef6c00"}

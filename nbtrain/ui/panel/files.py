@@ -15,6 +15,7 @@ from nbtrain.contract.formats import (
 from nbtrain.contract.ggufcache import cache_dir, is_gguf
 from nbtrain.contract.paths import runs_root
 from nbtrain.control.models.hub import cache_dir as hub_cache_dir
+from nbtrain.ui.panel import examples
 
 # ------------------------------------------------------------------------------- local path candidates
 # The model and data boxes offer what is on disk: model folders (a config.json beside the weights) and
@@ -71,7 +72,8 @@ def _relative(p: Path, base: Path) -> str:
 def model_candidates(base: Path, depth: int = 2) -> list[str]:
     """Model folders below ``base`` (those holding a config.json) and GGUF files, the example models
     fetched already (``nbtrain.example_model(name=...)``: their GGUF files in nbtrain's cache), then the
-    Hub cache's models (org/name)."""
+    Hub cache's models (org/name), and last the example models by name (``examples.py``: picking one gets
+    it)."""
     out = []
     for folder, entries in _walk(base, depth):
         if folder != base and any(e.name == "config.json" for e in entries):
@@ -83,7 +85,7 @@ def model_candidates(base: Path, depth: int = 2) -> list[str]:
     with contextlib.suppress(OSError), os.scandir(hub) as it:
         names = sorted(e.name for e in it if e.name.startswith("models--"))
         out += [n.removeprefix("models--").replace("--", "/") for n in names]
-    return out[:MAX_CANDIDATES]
+    return [*out[: MAX_CANDIDATES - len(examples.names())], *examples.names()]
 
 
 def data_candidates(base: Path, depth: int = 3) -> list[str]:

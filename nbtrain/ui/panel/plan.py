@@ -6,9 +6,12 @@ values the plan chose for the fields left empty (shown in those fields as "plann
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from nbtrain.contract.objectives import OBJECTIVES
 from nbtrain.control.config import trainargs
+from nbtrain.control.plan.planner import planned_learning_rate
 
 if TYPE_CHECKING:
     from nbtrain.control.prepare import Prepared
@@ -35,11 +38,11 @@ def plan_lines(prep: Prepared) -> list[str]:
     micro = arg("per_device_train_batch_size")
     accum = arg("gradient_accumulation_steps")
     steps = arg("max_steps")
-    length = (
-        f"{steps} steps"
-        if isinstance(steps, int) and steps > 0
-        else f"{_number(arg('num_train_epochs'))} epochs"
-    )
+    epochs = f"{_number(arg('num_train_epochs'))} epochs"
+    if isinstance(steps, int) and steps > 0:
+        length = f"{steps} steps"
+    else:  # the epochs, and the steps they make over the data where it can be counted (plan/length.py)
+        length = f"{plan.steps} steps ({epochs})" if plan.steps else epochs
     lr = arg("learning_rate")
     where = f"{_count(plan.nodes, 'node')} x " if plan.nodes > 1 else ""
     procs = _count(plan.num_processes, "process")
@@ -63,7 +66,37 @@ def plan_lines(prep: Prepared) -> list[str]:
         lines.append(f"Memory: {used}: {'fits' if plan.fits else plan.fit_advice}")
     else:
         lines.append("Memory: no estimate (the model's config.json is not on this machine yet)")
-    return lines
+    return lines + [f"Warning: {w}" for w in plan.warnings]
+
+
+def placeholders(keys: list[str], prep: Prepared | None, cfg: Mapping[str, Any]) -> dict[str, str]:
+    """What each empty training field (``train.KEY``) shows: the value the run would use, "(planned)".
+    From the plan once there is one; before it (no model yet), what that plan will use whatever the model
+    is: the method's learning rate (an adapter's 2e-4), the epochs and the steps they make over the data.
+    Keys for which the plan decides nothing are left out (the field keeps its default's words)."""
+    given = cfg.get("train")
+    train: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+    objective = cfg.get("objective", "sft")
+    objective = objective if isinstance(objective, str) and objective in OBJECTIVES else "sft"
+    if prep is not None:
+        planned: dict[str, Any] = dict(prep.train_args)
+        steps = prep.plan.steps
+    else:
+        lr = planned_learning_rate(objective, str(cfg.get("method", "lora")), train)
+        planned = {} if lr is None else {"learning_rate": lr}
+        steps = None
+    out = {k: f"{_number(planned[k])} (planned)" for k in keys if k in planned}
+    if "max_steps" in train:  # the steps are the user's: the epochs do not count
+        out["num_train_epochs"] = "not used: Max steps is set"
+    else:
+        epochs = _number(planned.get("num_train_epochs", trainargs.default(objective, "num_train_epochs")))
+        out["num_train_epochs"] = f"{epochs} (planned)"
+        out["max_steps"] = (
+            f"{steps} (planned: {epochs} epochs over the data)"
+            if steps
+            else f"planned: {epochs} epochs over the data"
+        )
+    return {k: v for k, v in out.items() if k in keys}
 
 
 def _line_html(line: str) -> str:
@@ -79,4 +112,4 @@ def plan_html(lines: list[str]) -> str:
     return f"<div class='nbtrain-plan'>{body}</div>"
 
 
-__all__ = ["plan_html", "plan_lines"]
+__all__ = ["placeholders", "plan_html", "plan_lines"]
