@@ -136,9 +136,23 @@ class ServerHandle:
         )
 
     def _gone(self, why: object) -> ServerGone:
+        if not self.alive():  # stopped elsewhere (the sidebar, %finetune serve stop, another cell) or exited
+            return ServerGone(
+                f"the server of run {self.run_dir.name} at {self.url} is no longer running (stopped from "
+                f"the sidebar or another cell, or it exited: see {self.run_dir / 'logs' / LOG_NAME}); "
+                "start it again with run.serve() (or %finetune serve) and use the new handle"
+            )
         return ServerGone(
             f"the server of run {self.run_dir.name} at {self.url} did not answer ({why}); "
             f"see {self.run_dir / 'logs' / LOG_NAME}"
+        )
+
+    def __repr__(self) -> str:
+        # No state here (a notebook keeps a repr forever): what it is, where, and how to ask; never the key.
+        models = ", ".join(f"{k}: {v}" for k, v in self.models.items())
+        return (
+            f"<ServerHandle of run {self.run_dir.name} at {self.url} ({models}; {self.engine} on "
+            f"{self.device}, pid {self.pid}) — .alive() for its state, .stop() to stop it>"
         )
 
     def chat(self, messages: str | list[dict[str, Any]], *, base: bool = False, **params: Any) -> str:

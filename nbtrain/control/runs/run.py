@@ -478,14 +478,16 @@ class Run:
     # ----------------------------------------------------------------------------------- display
     def __repr__(self) -> str:
         # No state here: a notebook keeps a repr forever, and a state in it would go stale.
-        return f"<Run {self.name!r} {self.id} — run.status() for its state>"
+        # What to type for it names the run, not a variable the reader may never have made.
+        return f"<Run {self.name!r} {self.id} — %finetune status {self.name} for its state>"
 
     def _repr_html_(self) -> str:
         # No state here either (a cell's result stays as it was shown: "starting (step 0)" under a run that
         # completed long since); the cell's dashboard and run record follow the state.
         return (
             f"<b>nbtrain run</b> <code>{html.escape(self.id)}</code> {html.escape(self.name)} "
-            f"<small>— <code>run.status()</code> for its state<br>{html.escape(str(self.dir))}</small>"
+            f"<small>— <code>%finetune status {html.escape(self.name)}</code> for its state<br>"
+            f"{html.escape(str(self.dir))}</small>"
         )
 
     def __eq__(self, other: object) -> bool:

@@ -75,6 +75,9 @@ def test_get_run_by_name_prefix_and_dir(workdir: Path) -> None:
     assert nbtrain.get_run(run.id[:12]) == run
     assert nbtrain.get_run(str(run.dir)) == run
     assert run.status().state == "queued"
+    # its repr names what to type for its state (no variable the reader may not have), and no state
+    assert repr(run) == f"<Run 'lookup' {run.id} — %finetune status lookup for its state>"
+    assert "<code>%finetune status lookup</code> for its state" in run._repr_html_()
     with pytest.raises(RunNotFound, match="no run matches 'nope'"):
         nbtrain.get_run("nope")
     assert [r.id for r in nbtrain.runs()] == [run.id]

@@ -19,7 +19,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from nbtrain.control.jobs.serve import ServeError, ServerHandle, find_server, serve
+from nbtrain.control.jobs.serve import ServeError, ServerGone, ServerHandle, find_server, serve
 from nbtrain.control.runs.run import get_run
 from nbtrain.ui.chat import ChatWidget
 from tests.conftest import TUNED_ANSWERS
@@ -298,6 +298,13 @@ def test_serve_magic_prints_the_url_and_serve_stop_stops_the_process_group(
     assert "stopped the server of" in out
     assert not _left(server.pid), out  # stopped and collected: no zombie of ours left
     assert not (tuned_run / "serve.json").exists() and find_server(get_run(tuned_run)) is None
+    # the handle this notebook still holds says so when used, and how to go on (not "did not answer")
+    with pytest.raises(ServerGone, match=r"is no longer running \(stopped from the sidebar or another cell"):
+        server.chat("hi", max_tokens=2)
+    # its repr: what it is and how to ask, no state to go stale and never the key
+    shown = repr(server)
+    assert shown.startswith(f"<ServerHandle of run {tuned_run.name} at {server.url} (tuned: ")
+    assert ".alive() for its state" in shown and server.api_key not in shown
 
 
 @pytest.mark.gpu
