@@ -96,8 +96,8 @@ def undertrain_warning(objective: str, method: str, learning_rate: Any, steps: i
     best = MEASURED[-1]
     lr, n, start, end = near
     return (
-        f"likely to under-train: learning rate {learning_rate:g} x {steps} steps = {budget:.2g}, under "
-        f"{UNDERTRAIN_BELOW:g}; nbtrain's tiny model (LoRA on its addition data) went from loss {start:.2f} "
-        f"only to {end:.2f} at {lr:g} x {n} steps, to {best[3]:.2f} at {best[0]:g} x {best[1]} "
-        f"(docs/plans.md); raise train: max_steps or num_train_epochs, or learning_rate"
+        f"likely to under-train: learning rate x steps = {learning_rate:g} x {steps} = {budget:.2g}, under "
+        f"{UNDERTRAIN_BELOW:g}. nbtrain's tiny model went from loss {start:.2f} only to {end:.2f} at "
+        f'{lr * n:.2g} ({lr:g} x {n}), to {best[3]:.2f} at {best[0] * best[1]:.2g} (docs/plans.md, "Will it '
+        f'train enough?"). Raise train: max_steps, num_train_epochs or learning_rate'
     )

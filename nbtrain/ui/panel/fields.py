@@ -190,7 +190,7 @@ STEPS: Final = (
     ("Model", "what to fine-tune", ("Model",)),
     ("Method", "how much of it to train, and towards what", ("Method", "LoRA", "QLoRA")),
     ("Data", "what to train on", ("Data",)),
-    ("Hyperparameters", "how long and how fast; an empty box keeps its default", ("Training",)),
+    ("Hyperparameters", "how long and how fast; an empty box keeps the value it shows", ("Training",)),
     ("Start", "launch it here, or put it in a %%finetune cell", ("Run",)),
 )
 

@@ -100,7 +100,11 @@ def placeholders(keys: list[str], prep: Prepared | None, cfg: Mapping[str, Any])
 
 
 def _line_html(line: str) -> str:
-    """A line of the plan; what it was planned for has its head ("Planned for ...: 8 x A100-40GB") bold."""
+    """A line of the plan; what it was planned for has its head ("Planned for ...: 8 x A100-40GB") bold, a
+    warning stands apart (amber, its own block)."""
+    if line.startswith("Warning: "):
+        body = html.escape(line.removeprefix("Warning: "))
+        return f"<div class='nbtrain-plan-warning'><b>Warning</b>: {body}</div>"
     if not line.startswith("Planned for "):
         return html.escape(line)
     head, paren, rest = line.partition(" (")
@@ -108,7 +112,7 @@ def _line_html(line: str) -> str:
 
 
 def plan_html(lines: list[str]) -> str:
-    body = "<br>".join(_line_html(line) for line in lines)
+    body = "<br>".join(_line_html(line) for line in lines).replace("<br><div", "<div")
     return f"<div class='nbtrain-plan'>{body}</div>"
 
 

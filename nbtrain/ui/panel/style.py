@@ -42,6 +42,7 @@ CSS = f"""<style>
   border-left:3px solid #1565c0; background:var(--jp-layout-color2, #f5f5f5);
   color:var(--jp-ui-font-color1, #424242)}}
 .nbtrain-plan-for {{font-weight:600}}
+.nbtrain-plan-warning {{margin:4px 0 2px; padding-top:4px; border-top:1px solid #ffe0b2; color:#b45309}}
 .nbtrain-launch-off {{max-width:calc({FIELD_WIDTH} - 8px); color:var(--jp-ui-font-color2, #616161)}}
 </style>"""
 
