@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from nbtrain.contract.objectives import OBJECTIVES
 from nbtrain.control.config import trainargs
 from nbtrain.control.plan.planner import planned_learning_rate
+from nbtrain.control.runs import eta, history
 
 if TYPE_CHECKING:
     from nbtrain.control.prepare import Prepared
@@ -55,6 +56,7 @@ def plan_lines(prep: Prepared) -> list[str]:
         f"Batch {micro} x {accum} accumulation x {_count(plan.world_size, 'process')}, {length}, "
         f"learning rate {_number(lr)}",
     ]
+    lines.append(_time_line(prep, steps if isinstance(steps, int) and steps > 0 else plan.steps))
     est = plan.estimate
     if est is not None:
         need, cap = est["per_device_bytes"] / 2**30, (est.get("capacity_bytes") or 0) / 2**30
@@ -97,6 +99,19 @@ def placeholders(keys: list[str], prep: Prepared | None, cfg: Mapping[str, Any])
             else f"planned: {epochs} epochs over the data"
         )
     return {k: v for k, v in out.items() if k in keys}
+
+
+def _time_line(prep: Prepared, steps: int | None) -> str:
+    """How long the run will take: its steps at the step time of the newest completed run like it here
+    (``control/runs/history.py``: measured, there is no throughput model), said to be an estimate."""
+    timed = history.step_time(history.kind(prep.to_dict())) if steps else None
+    if timed is None or not steps:
+        return (
+            "Time: not estimated (no run of this model and batch has finished here to time it by; the run's "
+            "view shows its time left from its second step)"
+        )
+    took = eta.about(steps * timed.seconds_per_step).removeprefix("in ")
+    return f"Time: {took}, an estimate ({timed.seconds_per_step:.2g} s a step, as run {timed.name} went here)"
 
 
 def _line_html(line: str) -> str:
