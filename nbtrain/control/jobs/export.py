@@ -46,7 +46,8 @@ class ExportResult:
     def __repr__(self) -> str:
         pushed = f", pushed to {self.pushed}" if self.pushed else ""
         rec = self.record
-        head = f"<export {self.kind} of run {rec.get('run_id')} in {self.dir} ({rec.get('dtype')}){pushed}>"
+        what = _gguf_types(rec) if self.kind.startswith("gguf") else rec.get("dtype")
+        head = f"<export {self.kind} of run {rec.get('run_id')} in {self.dir} ({what}){pushed}>"
         return head + "\n" + gguf_table(rec.get("gguf") or {}) if self.kind.startswith("gguf") else head
 
     def summary(self) -> list[tuple[str, str]]:
@@ -58,9 +59,8 @@ class ExportResult:
             ("what", f"{self.kind}: {rec.get('method')} {rec.get('objective')} of {rec.get('base_model')}"),
             ("where", str(self.dir)),
         ]
-        gguf = rec.get("gguf") or {}
         if self.kind.startswith("gguf"):  # each file's own type; the merge's float is only a step there
-            rows.append(("GGUF types", ", ".join(gguf.get("files") or rec.get("quants") or [])))
+            rows.append(("GGUF types", _gguf_types(rec)))
         elif rec.get("dtype"):
             rows.append(("precision", str(rec["dtype"])))
         if self.files:
@@ -86,6 +86,11 @@ class ExportResult:
             f"<b>nbtrain export</b><table>{cells}</table>{checks}<details><summary>the export's record "
             f"(nbtrain_export.json)</summary><pre>{record}</pre></details>"
         )
+
+
+def _gguf_types(record: dict[str, Any]) -> str:
+    """The types of a GGUF export's files ("f16, q4_k_m"), never the float the merge went through."""
+    return ", ".join((record.get("gguf") or {}).get("files") or record.get("quants") or [])
 
 
 # A GGUF file "matches" the full model when at least this share of its answers are the full model's; a

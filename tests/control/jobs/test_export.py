@@ -196,6 +196,7 @@ def test_a_gguf_export_shows_its_types_not_the_merges_precision_and_its_check_on
     rows = dict(out.summary())
     assert "precision" not in rows and rows["GGUF types"] == "q4_k_m"  # no float32 beside a q4_k_m file
     page, text = out._repr_html_(), repr(out)
+    assert text.startswith(f"<export gguf of run 20261206-follow-758a in {tmp_path} (q4_k_m)>\n"), text
     for shown in (page, text):
         assert shown.count("checked on 32 prompts") == 1 and shown.count("train longer before exporting") == 1
     assert "train longer before exporting" in report_html(report)  # the export form's report too
