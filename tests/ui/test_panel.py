@@ -222,7 +222,8 @@ def test_model_and_data_boxes_offer_the_model_folders_and_data_files_found_here(
     p = make_panel()
     model, data = p.fields["model"], p.fields["data.train"]
     assert isinstance(model, widgets.Combobox) and isinstance(data, widgets.Combobox)
-    assert list(model.options) == ["./tiny-llama", "org/tiny"]
+    examples = ["example: tiny-adder", "example: smollm2-135m-instruct"]  # by name, last: picking gets one
+    assert list(model.options) == ["./tiny-llama", "org/tiny", *examples]
     assert list(data.options) == ["data/add.jsonl", "data/more.csv"]  # not the model's own .json files
     data.value = "data/more.csv"  # any text is still accepted: a Hub id, a path not listed
     model.value = "org/other"
@@ -591,6 +592,9 @@ def test_launch_starts_a_real_run_that_completes(workdir: Path, make_panel: type
         lambda: p.export_box is not None and p.export_area.children == (p.export_box.box,),
     )
     assert p.export_box is not None and p.export_box.run.dir == run.dir and p.export_box.error is None
+    again = _settled(make_panel(lora_yaml(3)))  # the same run planned again: timed by the one that finished
+    timed = next(line for line in again.plan_text if line.startswith("Time: "))
+    assert ", an estimate (" in timed and timed.endswith(f"s a step, as run {run.name} went here)"), timed
 
 
 @pytest.mark.slow
@@ -786,6 +790,8 @@ def test_the_model_box_offers_model_folders_gguf_files_and_fetched_example_model
         "models/llama.Q4_K_M.gguf",
         "models/mine",
         str(tmp_path / "cache" / "examples" / "SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "example: tiny-adder",  # and the example models by name (picking one gets it: panel/examples.py)
+        "example: smollm2-135m-instruct",
     ]
 
 

@@ -70,6 +70,7 @@ train: {{max_steps: 300, per_device_train_batch_size: 16, learning_rate: 5.0e-3,
         kernel = (
             "import json, sys, nbtrain\n"
             f"e = nbtrain.export({str(run.dir)!r}, to='out', format='gguf', quant={QUANTS!r})\n"
+            "print(repr(e))\n"  # what a cell ending in the export shows (its HTML holds the same report)
             "print('LEAKED', sorted(m for m in ('torch', 'llama_cpp', 'transformers') if m in sys.modules))\n"
         )
         t = time.monotonic()
@@ -104,6 +105,8 @@ def test_each_quant_answers_the_held_out_sums_in_llama_cpp_as_the_merged_model_d
         < said.index("checked on 32 prompts")
     )
     assert "answers as transformers' 32/32" in adder_run["stdout"]
+    assert said.count("checked on 32 prompts") == 1  # the report once: the result's, not printed again
+    assert "\nf16 matches the full model on 32/32, q8_0 on " in said  # its verdict heads it
     assert f"Ollama: ollama create adder -f {out / 'Modelfile'}" in adder_run["stdout"]
     assert "LEAKED []" in adder_run["stdout"]  # the kernel imported no torch, transformers or llama_cpp
 
