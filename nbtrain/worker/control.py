@@ -153,22 +153,20 @@ class MemoryGuard:
     def _fail(self, limit: int, left: int) -> None:
         import signal
 
-        import psutil
-
         from nbtrain.contract.rundir import read_json, write_status
+        from nbtrain.worker import oom
 
-        rss = psutil.Process().memory_info().rss
         try:
             step = int(read_json(self.paths.status).get("step") or 0)
         except (OSError, ValueError, AttributeError):
             step = 0
-        message = (
-            f"out of memory: at step {step} only {left / 2**20:.0f} MiB of {limit / 2**30:.1f} GiB were "
-            f"left (this process: {rss / 2**30:.1f} GiB), so nbtrain stopped the run before the kernel's OOM "
-            f"killer took it or something else. Lower train: per_device_train_batch_size or max_length, use "
-            f"method: qlora or lora, set train: gradient_checkpointing: true, or check the data for very "
-            f"long rows"
-        )
+        try:
+            resolved = read_json(self.paths.resolved)
+        except (OSError, ValueError):
+            resolved = {}
+        plan = resolved.get("plan") if isinstance(resolved, dict) else None
+        name = (resolved.get("name") or resolved.get("id")) if isinstance(resolved, dict) else None
+        message = oom.message(step, left, limit, oom.holders(), plan if isinstance(plan, dict) else {}, name)
         print(f"nbtrain: {message}", flush=True)
         write_status(
             self.paths, "failed", error={"type": "OutOfMemory", "message": message, "rank": self.rank}
