@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,20 @@ if TYPE_CHECKING:
 
 EVAL_DIR = "eval"
 ORDER = ("base", "tuned")
+TEMPLATE_TOKEN = re.compile(r"<\|[\w.-]{1,32}\|>")  # <|end|>, <|im_start|>, <|user|>: a chat template's marks
+_OPENING = re.compile(TEMPLATE_TOKEN.pattern + r"(?:(?:system|user|assistant|tool)\n)?")  # <|im_start|>user
+
+
+def shown_answer(text: str) -> str:
+    """An answer as a report's table shows it: its own turn only (a greedy answer runs on past the turn's
+    end into template tokens and a next turn the model makes up: cut there, marked " …"), on one line."""
+    rest = text
+    while (head := _OPENING.match(rest.lstrip())) is not None:  # marks before any words: left out
+        rest = rest.lstrip()[head.end() :]
+    mark = TEMPLATE_TOKEN.search(rest)
+    own = rest[: mark.start()] if mark else rest
+    cut = mark is not None and bool(TEMPLATE_TOKEN.sub("", rest[mark.start() :]).strip())
+    return " ".join(own.split()) + (" …" if cut else "")
 
 
 @dataclass
@@ -228,8 +243,8 @@ class AccuracyReport:
             "expected": self.data["expected"],
         }
         if self.data.get("before") is not None:
-            cols["before"] = self.data["before"]
-        cols["after"] = self.data["after"]
+            cols["before"] = [shown_answer(a) for a in self.data["before"]]
+        cols["after"] = [shown_answer(a) for a in self.data["after"]]
         return pd.DataFrame(cols)
 
     def summary(self) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.contract.errors import NbtrainError, RowError
-from nbtrain.control.jobs.evaluate import read_check, save_check
+from nbtrain.control.jobs.evaluate import read_check, save_check, shown_answer
 from nbtrain.control.runs.run import Run, get_run
 
 if TYPE_CHECKING:
@@ -141,7 +141,8 @@ class ToolCallReport:
         return f"tool calls on {len(self.data['cases'])} held-out conversations: " + "; ".join(parts)
 
     def table(self) -> pd.DataFrame:
-        """One row per conversation: its last message, the expected calls or text, and each model's answer."""
+        """One row per conversation: its last message, the expected calls or text, and each model's answer
+        (its own turn, on one line: ``shown_answer``)."""
         import pandas as pd
 
         def shown(message: Mapping[str, Any] | None) -> str:
@@ -152,7 +153,7 @@ class ToolCallReport:
                 return "; ".join(
                     f"{c['name']}({json.dumps(c['arguments'], ensure_ascii=False)})" for c in calls
                 )
-            return str(message.get("content") or "")
+            return shown_answer(str(message.get("content") or ""))
 
         cases = self.data["cases"]
         cols: dict[str, list[str]] = {

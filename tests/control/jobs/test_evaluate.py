@@ -76,3 +76,19 @@ def test_task_scores_get_their_own_rows_and_panels_beside_the_held_out_ones(tmp_
     tuned_only = {**data, "models": {"tuned": data["models"]["tuned"]}, "tasks": None}
     only_tuned = nbtrain.EvalReport(tmp_path / "r.json", tuned_only)
     assert list(only_tuned.table().columns) == ["tuned"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "shown"),
+    [
+        ("579", "579"),
+        ("It is\nsunny.<|end|>\n<|user|>\nAnd you?", "It is sunny. …"),  # ran on into a turn it made up
+        ("<|assistant|>\nHello there<|end|>", "Hello there"),  # the turn's own marks are left out
+        ("<|im_start|>assistant\nI am SmolLM.<|im_end|>\n", "I am SmolLM."),
+        ("two\n\nlines", "two lines"),
+    ],
+)
+def test_a_reports_table_shows_an_answers_own_turn_on_one_line(answer: str, shown: str) -> None:
+    from nbtrain.control.jobs.evaluate import shown_answer
+
+    assert shown_answer(answer) == shown
