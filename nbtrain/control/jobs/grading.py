@@ -195,6 +195,14 @@ def _record_line(rec: Mapping[str, Any]) -> str:
     return f"nbtrain run record {rec['id']} ({rec['name']}): {', '.join(parts)}"
 
 
+# A clipboard drawn inline (no emoji: a machine without an emoji font, headless Chromium, shows a box).
+RECORD_MARK = (
+    "<svg width='10' height='12' viewBox='0 0 10 12' aria-hidden='true' style='vertical-align:-1px'>"
+    "<rect x='0.75' y='1.75' width='8.5' height='9.5' rx='1.5' fill='none' stroke='currentColor' "
+    "stroke-width='1.2'/><rect x='3' y='0.5' width='4' height='2.5' rx='0.8' fill='currentColor'/></svg>"
+)
+
+
 def record_bundle(rec: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(data, metadata) of the display output that carries ``rec``: a short visible line, the record
     itself under its own MIME type, and an ``nbtrain`` key in the output's metadata to find it by."""
@@ -202,7 +210,7 @@ def record_bundle(rec: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     data = {
         RECORD_MIME: dict(rec),
         "text/plain": line,
-        "text/html": f"<small style='color:#555'>&#128203; {html.escape(line)} "
+        "text/html": f"<small style='color:#555'>{RECORD_MARK} {html.escape(line)} "
         f"(saved with this notebook)</small>",
     }
     return data, {"nbtrain": {"record": rec["id"], "schema": RECORD_SCHEMA}}
