@@ -44,10 +44,11 @@ def holders() -> Holders:
     warm = {int(e["pid"]) for e in registered()}
     group = os.getpgid(0)
     out = Holders()
-    for proc in psutil.process_iter(["pid", "name", "memory_info"]):
+    for proc in psutil.process_iter(["pid", "name", "memory_info", "cmdline"]):
         pid, mem = proc.info["pid"], proc.info["memory_info"]
         if mem is None:
             continue
+        name = _named(str(proc.info["name"]), proc.info["cmdline"] or [])
         try:
             mine = os.getpgid(pid) == group
         except OSError:
@@ -55,11 +56,22 @@ def holders() -> Holders:
         if mine:
             out.run += int(mem.rss)
         elif pid in warm:
-            out.warm.append(Holder(pid, str(proc.info["name"]), int(mem.rss)))
+            out.warm.append(Holder(pid, name, int(mem.rss)))
         else:
-            out.others.append(Holder(pid, str(proc.info["name"]), int(mem.rss)))
+            out.others.append(Holder(pid, name, int(mem.rss)))
     out.others.sort(key=lambda h: h.rss, reverse=True)
     return out
+
+
+def _named(name: str, argv: list[str]) -> str:
+    """A process as a person knows it: Python by what it runs (``python -m ipykernel_launcher``: a
+    notebook's kernel; ``python train.py``), anything else by its name."""
+    if not name.startswith("python") or len(argv) < 2:
+        return name
+    if "-m" in argv[1:-1]:
+        return f"python -m {argv[argv.index('-m', 1) + 1]}"
+    script = next((a for a in argv[1:] if not a.startswith("-")), None)
+    return f"python {os.path.basename(script)}" if script else name
 
 
 def _gib(n: int) -> str:
@@ -91,7 +103,7 @@ def message(
     parts = [
         f"out of memory: at step {step} only {_gib(left)} of {_gib(limit)} were left, so nbtrain stopped the "
         f"run before the kernel's OOM killer took it or something else.",
-        f"Whose memory: this run {_gib(who.run)}; other processes {_gib(others)}"
+        f"Whose memory (RSS): this run {_gib(who.run)}; other processes {_gib(others)}"
         + (f" (the largest: {named})" if named else ""),
     ]
     if who.warm:

@@ -208,7 +208,7 @@ def test_memory_about_to_run_out_fails_the_run_by_name_not_by_the_oom_killer(
     error = st.error or {}
     assert error.get("type") == "OutOfMemory", error
     message = error["message"]  # whose memory it is, and what shrinks a LoRA run (never "use lora")
-    assert "Whose memory: this run" in message and "per_device_train_batch_size" in message, error
+    assert "Whose memory (RSS): this run" in message and "per_device_train_batch_size" in message, error
     assert "method: lora" not in message, error
     assert "out of memory" in run.logs(30)
     import psutil

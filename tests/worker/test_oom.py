@@ -22,7 +22,10 @@ def _busy() -> Holders:
 def test_a_lora_run_stopped_on_a_busy_machine_is_told_whose_memory_it_is_and_never_to_use_lora() -> None:
     text = message(11, 300 * 2**20, 31 * GIB, _busy(), {"method": "lora", "device": "cpu"}, "lab6")
     assert "at step 11 only 300 MiB of 31.0 GiB were left" in text
-    assert "this run 2.0 GiB; other processes 21.0 GiB (the largest: java (pid 10) 12.0 GiB, chromium" in text
+    assert "Whose memory (RSS): this run 2.0 GiB; other processes 21.0 GiB" in text
+    assert (
+        "(the largest: java (pid 10) 12.0 GiB, chromium (pid 11) 6.0 GiB, python3 (pid 12) 2.0 GiB)" in text
+    )
     assert "bash" not in text  # the three largest are named
     assert "nbtrain's idle warm processes 1.5 GiB (2 processes: %finetune warm stop frees them" in text
     assert "Most of it is not this run's" in text and "%finetune resume lab6" in text
