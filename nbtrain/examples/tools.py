@@ -164,6 +164,8 @@ def parse_call(text: str) -> tuple[str, dict[str, Any]] | None:
 
 
 def _link_or_copy(src: str, dst: str) -> None:
+    if os.path.exists(dst) and os.path.samefile(src, dst):
+        return  # linked by an earlier call (the lab's cell run again)
     try:
         os.link(src, dst)  # a model's weights are not copied where a hard link will do
     except OSError:
