@@ -106,10 +106,7 @@ def _time_line(prep: Prepared, steps: int | None) -> str:
     (``control/runs/history.py``: measured, there is no throughput model), said to be an estimate."""
     timed = history.step_time(history.kind(prep.to_dict())) if steps else None
     if timed is None or not steps:
-        return (
-            "Time: not estimated (no run of this model and batch has finished here to time it by; the run's "
-            "view shows its time left from its second step)"
-        )
+        return "Time: not estimated yet (no run of this model and batch has finished here)"
     took = eta.about(steps * timed.seconds_per_step).removeprefix("in ")
     return f"Time: {took}, an estimate ({timed.seconds_per_step:.2g} s a step, as run {timed.name} went here)"
 
