@@ -115,4 +115,5 @@ def test_gguf_export_from_the_box_shows_progress_then_the_check(run_copy: Path) 
     assert any(line.startswith("nbtrain export:") for line in box.lines)
     assert "<td><b>f16</b></td>" in box.report.value and "<td><b>q8_0</b></td>" in box.report.value
     assert "4/4" in box.report.value  # llama.cpp's answers are transformers', on each of the 4 prompts
+    assert "nbtrain-export-verdict'><b>f16 matches the full model on 4/4, q8_0 on " in box.report.value
     assert "ollama create" in box.report.value
