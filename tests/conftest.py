@@ -6,7 +6,8 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,59 @@ def runs_in(work: Path) -> Iterator[Path]:
         yield work
     finally:
         mp.undo()
+
+
+LABS = ROOT / "notebooks"
+
+
+@dataclass
+class Lab:
+    """One lab run top to bottom in a real kernel, in a folder of its own (its runs stay there)."""
+
+    notebook: Any
+    dir: Path
+
+
+@pytest.fixture(scope="session")
+def labs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Lab]:
+    """``labs("07_agent")``: that notebook executed once per session with plain figures (NBTRAIN_DASHBOARD=
+    static: the saved notebook stays small), shared by its notebook test and the tests that check its run
+    (the lab trains the very run they would otherwise train again)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    done: dict[str, Lab | BaseException] = {}
+
+    def run(stem: str) -> Lab:
+        if stem not in done:
+            path = LABS / f"{stem}.ipynb"
+            work = tmp_path_factory.mktemp(stem)
+            nb = nbformat.read(path, as_version=4)
+            if stem == "01_qlora_single_card":
+                # After Run All the chat's server still answers (the export cell used to stop it); the
+                # kernel's exit stops the servers it started, so this is asked from inside, last.
+                check = "from nbtrain.control.jobs.serve import find_server\nassert find_server(run)"
+                nb.cells.append(nbformat.v4.new_code_cell(check))
+            mp = pytest.MonkeyPatch()
+            mp.setenv("NBTRAIN_DASHBOARD", "static")
+            try:
+                with runs_in(work):
+                    client = NotebookClient(
+                        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(work)}}
+                    )
+                    client.execute()
+            except Exception as e:  # every test that asks sees the same failure, without a second try
+                done[stem] = e
+            else:
+                done[stem] = Lab(nb, work)
+            finally:
+                mp.undo()
+        lab = done[stem]
+        if isinstance(lab, BaseException):
+            raise lab
+        return lab
+
+    return run
 
 
 @pytest.fixture(scope="session")

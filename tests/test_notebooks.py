@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 import nbtrain
+from tests.conftest import Lab
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").rglob("*.ipynb"))
 
@@ -30,22 +30,12 @@ def test_the_labs_are_all_found() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_without_errors(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Plain figures, not widgets: the saved notebooks stay small, and nothing differs in what runs.
-    monkeypatch.setenv("NBTRAIN_DASHBOARD", "static")
-    nb = nbformat.read(path, as_version=4)
-    if path.name == "01_qlora_single_card.ipynb":
-        # After Run All the chat's server still answers (the export cell used to stop it); the kernel's
-        # exit stops the servers it started, so this is asked from inside, as the last cell.
-        check = "from nbtrain.control.jobs.serve import find_server\nassert find_server(run) is not None"
-        nb.cells.append(nbformat.v4.new_code_cell(check))
-    NotebookClient(
-        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+def test_notebook_runs_without_errors(path: Path, labs: Callable[[str], Lab]) -> None:
+    lab = labs(path.stem)  # plain figures, not widgets: the saved notebooks stay small
+    errors = [o for c in lab.notebook.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     # a run record a lab saves (nbtrain.record) shows the run's final state in the saved file
-    saved = tmp_path / f"{path.stem}.executed.ipynb"
-    nbformat.write(nb, saved)
+    saved = lab.dir / f"{path.stem}.executed.ipynb"
+    nbformat.write(lab.notebook, saved)
     assert all(r["state"] == "completed" for r in nbtrain.records(saved))
-    assert os.listdir(tmp_path)  # it did work in its own directory
+    assert {p.name for p in lab.dir.iterdir()} - {saved.name}  # it did work in its own folder

@@ -4,8 +4,7 @@ right arguments on requests no training row makes (greedy generation, before and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
@@ -13,8 +12,8 @@ import pytest
 
 import nbtrain
 from nbtrain.control.jobs.serve import ServerHandle
-from nbtrain.examples.tools import TOOLS, call_accuracy, held_out, parse_call, tool_model, tool_rows
-from tests.conftest import runs_in
+from nbtrain.examples.tools import TOOLS, call_accuracy, held_out, parse_call, tool_rows
+from tests.conftest import Lab, runs_in
 
 pytestmark = pytest.mark.slow
 
@@ -27,30 +26,20 @@ def test_parse_call_reads_the_first_well_formed_call_only() -> None:
 
 
 @pytest.fixture(scope="module")
-def tools_run(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """SmolLM2 with the tools template, LoRA-trained on 600 whole tool conversations (the request, the call,
-    the function's result and the answer from it; 20 steps), with the held-out requests and the model's
-    accuracy on them before."""
-    tmp = tmp_path_factory.mktemp("tools")
-    model = tool_model(smollm2, tmp / "smollm2-tools")
+def tools_run(labs: Callable[[str], Lab]) -> dict[str, Any]:
+    """Lab 7's run: SmolLM2 with the tools template, LoRA-trained on 600 whole tool conversations (the
+    request, the call, the function's result and the answer from it; 20 steps), trained once for the lab's
+    test and these; with held-out requests no training row makes and the model's accuracy on them before."""
+    lab = labs("07_agent")
     rows = tool_rows(600, seed=0)
-    (tmp / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    data = (lab.dir / "data" / "tools.jsonl").read_text(encoding="utf-8")
+    assert data == "".join(json.dumps(r) + "\n" for r in rows), "lab 7 trains on other rows"
     cases = held_out(30, train=rows)  # cities and numbers no row names
-    before, _ = call_accuracy(model, cases)
-    with runs_in(tmp):
-        run = nbtrain.finetune(
-            f"""\
-model: {model}
-method: lora
-data: {{train: tools.jsonl}}
-lora: {{r: 16, alpha: 32}}
-train: {{max_steps: 20, learning_rate: 3.0e-3, per_device_train_batch_size: 8, lr_scheduler_type: cosine,
-         warmup_steps: 3, logging_steps: 1, save_strategy: "no", assistant_only_loss: true}}
-""",
-            name="tools",
-        )
-        assert run.wait(timeout=1200).state == "completed"
-    return {"run": run, "cases": cases, "before": before, "dir": tmp}
+    before, _ = call_accuracy(lab.dir / "smollm2-tools", cases)
+    with runs_in(lab.dir):
+        run = nbtrain.get_run("lab7")
+    assert run.status().state == "completed"
+    return {"run": run, "cases": cases, "before": before, "dir": lab.dir}
 
 
 def test_a_short_lora_run_teaches_smollm2_to_call_tools_on_held_out_requests(
