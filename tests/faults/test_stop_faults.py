@@ -1,7 +1,8 @@
 """A stop never throws a slow run away (issue 57): a run whose steps take longer than the stop's floor is
 waited for, from run.stop() and the command line (the sidebar's REST stop: tests/ui/server), says what it
 waits for, and ends resumable at the step it stopped after; a checkpoint is also saved by training time
-(``checkpoint_minutes``), so a kill loses at most that much; `%finetune wait` on a stopped run says so."""
+(``checkpoint_minutes``), so a kill loses at most that much; `%finetune wait` on a stopped run says so
+and fails the cell."""
 
 from __future__ import annotations
 
@@ -107,6 +108,9 @@ def test_a_stop_waits_for_a_step_longer_than_its_floor_and_the_run_stays_resumab
     ckpt = last_checkpoint(cli_run)
     assert st.state == "stopped" and ckpt is not None and checkpoint_step(ckpt) == st.step
 
+    # `%finetune wait` on it says it was stopped and how to go on, and fails the cell (Run All stops there)
+    wait_fails_the_cell(api, workdir, monkeypatch)
+
     # resumable: it goes on from the step it stopped after
     resumed = nbtrain.resume(api.id)
     wait_step(resumed, checkpoint_step(ckpt_api) + 1)
@@ -133,17 +137,11 @@ def test_a_checkpoint_is_saved_by_training_time_so_a_kill_loses_at_most_that(wor
     assert "minutes of training without one (checkpoint_minutes)" in run.logs(400)
 
 
-@pytest.mark.slow
-def test_wait_on_a_stopped_run_says_so_and_fails_the_cell(
-    workdir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def wait_fails_the_cell(run: nbtrain.Run, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
-    run = slow_run("waited", 0.5, 200)
-    wait_status_step(run, 1)
-    run.stop()
     monkeypatch.setenv("IPYTHONDIR", str(workdir / "ipython"))
     cfg = Config()
     cfg.HistoryManager.hist_file = ":memory:"
