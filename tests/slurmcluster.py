@@ -1,10 +1,12 @@
 """A real SLURM cluster on this machine for the tests: Debian's slurm-wlm and munge (``make slurm``
-installs them), one munged, one slurmctld and four slurmd (n1, n2, g1, g2, one CPU each, NodeAddr
+installs them), one munged, one slurmctld and six slurmd (n1, n2, g1, g2, l1, l2, one CPU each, NodeAddr
 127.0.0.1), with every file -- the munge key and socket, slurm.conf, state, spool, logs -- in one
 temporary folder. Clients find it through ``SLURM_CONF``. Partition ``gpu`` is two more nodes (g1, g2)
 that declare four GPUs each through GRES (``gpu:a100:4``, backed by four empty files: slurmd counts
 files, not cards): what a login node sees of a GPU partition; jobs that need a real GPU are not run
-there. The CPU partitions ``debug`` (the default) and ``urgent`` over n1 and n2 are as before. ``stop()``
+there. The CPU partitions ``debug`` (the default) and ``urgent`` over n1 and n2 are as before; partition
+``long`` (l1, l2, CPU) holds the runs a test starts early and checks late (time limits that take minutes of
+SLURM's clock), so they go on beside the tests on ``debug`` instead of before them. ``stop()``
 cancels every job it ran and stops exactly the daemons it started, then removes the folder.
 
     python -m tests.slurmcluster     # start one, print its SLURM_CONF, wait for Ctrl-C
@@ -24,7 +26,8 @@ import time
 from pathlib import Path
 
 GPU_NODES = ("g1", "g2")  # partition gpu: GRES gpu:a100:4 each
-NODES = ("n1", "n2", *GPU_NODES)
+LONG_NODES = ("l1", "l2")  # partition long: CPU nodes for runs that go on beside other tests
+NODES = ("n1", "n2", *GPU_NODES, *LONG_NODES)
 GPUS_PER_NODE = 4
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel")
 
@@ -191,6 +194,7 @@ class Cluster:
             "PartitionName=urgent Nodes=n1,n2 MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
             # GPU nodes (without GPUs): what a login node plans a GPU job for
             f"PartitionName=gpu Nodes={','.join(GPU_NODES)} MaxTime=INFINITE State=UP PriorityTier=1",
+            f"PartitionName=long Nodes={','.join(LONG_NODES)} MaxTime=INFINITE State=UP PriorityTier=1",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
 
