@@ -152,7 +152,8 @@ class ServerHandle:
         models = ", ".join(f"{k}: {v}" for k, v in self.models.items())
         return (
             f"<ServerHandle of run {self.run_dir.name} at {self.url} ({models}; {self.engine} on "
-            f"{self.device}, pid {self.pid}) — .alive() for its state, .stop() to stop it>"
+            f"{self.device}, pid {self.pid}{'; its key: .api_key' if self.api_key else ''}) — .alive() for "
+            "its state, .stop() to stop it>"
         )
 
     def chat(self, messages: str | list[dict[str, Any]], *, base: bool = False, **params: Any) -> str:
@@ -220,10 +221,6 @@ class ServerHandle:
             except (OSError, http.client.HTTPException) as e:
                 raise self._gone(e) from None
         raise self._gone("the answer ended before its last event")
-
-    def __repr__(self) -> str:
-        key = "; API key: .api_key" if self.api_key else ""
-        return f"<ServerHandle {self.url} models={list(self.models.values())} pid={self.pid}{key}>"
 
 
 # ------------------------------------------------------------------------------------ finding
