@@ -304,6 +304,12 @@ def parse_tool_calls(text: str, style: str | None, tools: list[dict[str, Any]] |
         found = list(_NBTRAIN.finditer(text))
         raws = [{"name": m.group(1), "arguments": m.group(2)} for m in found]
         content = _NBTRAIN.sub("", text) if found else text
+        if "<call>" in content or "</call>" in content:  # "<call>579", a call cut off by max_tokens
+            at = content.find("<call>") if "<call>" in content else max(0, content.index("</call>") - 60)
+            return ParsedCalls(
+                text,
+                error=f"a tool call not written as <call>NAME {{JSON}}</call>: {content[at : at + 80]!r}",
+            )
     elif style == "mistral" and "[TOOL_CALLS]" in text:
         head, _, rest = text.partition("[TOOL_CALLS]")
         content = head

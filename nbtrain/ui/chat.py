@@ -75,8 +75,9 @@ class Turn:
     pending: list[str] = field(default_factory=list)
     note: str | None = None
     images: list[str] = field(default_factory=list)  # data: URIs sent with the message
-    # With tools: a reply's text pieces ({"type": "text", "text"}) and calls, in order, and the assistant
-    # and tool messages it made (what the model sees of this turn later).
+    # With tools: a reply's text pieces ({"type": "text", "text"}; "malformed" with its "error" when the
+    # server could not read the call the text tries to be) and calls, in order, and the assistant and
+    # tool messages it made (what the model sees of this turn later).
     steps: dict[str, list[dict[str, Any] | Call]] = field(default_factory=dict)
     messages: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
@@ -401,6 +402,9 @@ class ChatWidget:
                         turn.replies[kind] += piece
                         part["text"] += piece
                     self._publish()
+            if into.get("nbtrain_tool_call_error"):  # shown as the call it tried to be, and what is wrong
+                with self._lock:
+                    part.update(type="malformed", error=str(into["nbtrain_tool_call_error"]))
             calls = [Call(str(c.get("id") or f"call_{i}"), c["function"]["name"], c["function"]["arguments"])
                      for i, c in enumerate(into.get("tool_calls") or [])]  # fmt: skip
             if not calls:

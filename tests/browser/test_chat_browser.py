@@ -208,11 +208,12 @@ def test_a_chat_with_a_notebook_function_asks_runs_it_and_shows_a_failing_ones_t
             "broken.__name__ = 'get_weather'  # the same tool, as the model knows it, that fails\n"
             f"w = nbtrain.get_run({str(run)!r}).chat(tools=[broken], confirm_tools=False, max_tokens=40)\n"
             "w.clear()  # a new conversation: the model was taught single requests\nw",
+            'w.clear()\nw.max_tokens.value = 6  # the call begins and is cut off\nw.send("Weather in Paris?")',
         ],
     )
     with lab_page(lab, "lab/tree/tools.ipynb", {"width": 1000, "height": 1000}) as (_, page, errors):
         cells = page.locator(".jp-Notebook .jp-Cell")
-        expect(cells).to_have_count(3, timeout=60_000)
+        expect(cells).to_have_count(4, timeout=60_000)
         _kernel_idle(url, token)
         page.add_style_tag(content=".Toastify { display: none !important }")
         for i in range(2):
@@ -257,4 +258,15 @@ def test_a_chat_with_a_notebook_function_asks_runs_it_and_shows_a_failing_ones_t
         expect(other.locator(".nbtrain-chat-typing")).to_have_count(0, timeout=60_000)
         page.wait_for_timeout(300)
         other.locator(".jp-OutputArea").screenshot(path=str(shots / "tool-failed.png"))
+
+        # a call the server cannot read (cut off by max_tokens): shown as a malformed call, nothing run
+        cells.nth(3).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+        bad = other.locator(".nbtrain-chat-call-malformed")
+        expect(bad.locator(".nbtrain-chat-call-state")).to_have_text("malformed call", timeout=60_000)
+        expect(bad.locator(".nbtrain-chat-call-sig")).to_contain_text("<call>")
+        expect(bad.locator(".nbtrain-chat-call-result")).to_contain_text("nothing was run")
+        expect(other.locator(".nbtrain-chat-typing")).to_have_count(0, timeout=60_000)
+        page.wait_for_timeout(300)
+        other.locator(".jp-OutputArea").screenshot(path=str(shots / "tool-malformed.png"))
     assert not errors, errors

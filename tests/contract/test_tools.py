@@ -75,6 +75,21 @@ def test_a_malformed_call_is_kept_as_text_with_what_is_wrong(text: str, says: st
     assert parsed.error is not None and says in parsed.error
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<call>579",
+        '<call>add {"a": 1, "b"',
+        'Sure. <call>add {"a": 1, "b": 2}</call> and <call>add',
+        '</cindy"}</call>',
+    ],
+)
+def test_a_call_begun_and_not_finished_is_malformed_not_plain_text(text: str) -> None:
+    parsed = parse_tool_calls(text, "nbtrain", TOOLS)
+    assert parsed.calls == [] and parsed.content == text
+    assert parsed.error is not None and "not written as <call>NAME {JSON}</call>" in parsed.error
+
+
 def test_plain_answers_have_no_calls() -> None:
     for style in ("hermes", "nbtrain", "mistral", "llama3", None):
         parsed = parse_tool_calls("It is sunny in Oslo.", style, TOOLS)

@@ -153,6 +153,25 @@ def test_a_raising_function_shows_its_traceback_and_the_conversation_goes_on(too
         w.close()
 
 
+def test_a_call_cut_off_by_max_tokens_shows_as_a_malformed_call_and_nothing_runs(tool_chat_run: Path) -> None:
+    w = _chat(tool_chat_run, tools=[get_weather], confirm_tools=False)
+    try:
+        CALLED.clear()
+        w.max_tokens.value = 6  # the call begins and is cut off: '<call>get_weather {"ci'
+        assert w.send("Weather in Paris?")
+        w.wait(120)
+        (turn,) = w.turns
+        (step,) = turn.steps["tuned"]
+        assert not isinstance(step, Call) and step["type"] == "malformed", turn.state()
+        assert (
+            step["text"].startswith("<call>") and "not written as <call>NAME {JSON}</call>" in step["error"]
+        )
+        assert CALLED == [] and turn.pending == [] and turn.note is None
+        assert '"type": "malformed"' in json.dumps(w.view.turns)  # the transcript draws it as a call
+    finally:
+        w.close()
+
+
 @pytest.mark.slow
 def test_a_tool_calling_chat_loads_nothing_heavy_in_the_kernel(tool_chat_run: Path, tmp_path: Path) -> None:
     import subprocess

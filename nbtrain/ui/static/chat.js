@@ -128,6 +128,19 @@ function render({ model, el }) {
     }
     return box;
   };
+  // A reply that tried to be a call the server could not read: what the model wrote, and what is wrong.
+  const malformedBlock = (st) => {
+    const box = div("nbtrain-chat-call nbtrain-chat-call-error nbtrain-chat-call-malformed");
+    const head = div("nbtrain-chat-call-head");
+    head.append(div("nbtrain-chat-call-tag", "tool"), div("nbtrain-chat-call-sig", st.text.trim()),
+      div("nbtrain-chat-call-state", "malformed call"));
+    box.append(head);
+    const why = document.createElement("pre");
+    why.className = "nbtrain-chat-call-result";
+    why.textContent = `${st.error}; nothing was run`;
+    box.append(why);
+    return box;
+  };
   const draw = () => {
     const stick = log.scrollHeight - log.scrollTop - log.clientHeight < 48;
     const turns = model.get("turns").slice();
@@ -162,6 +175,7 @@ function render({ model, el }) {
         if (steps && steps.length) {  // a chat with tools: text and calls in the order they came
           for (const st of steps) {
             if (st.type === "call") msg.append(callBlock(st));
+            else if (st.type === "malformed") msg.append(malformedBlock(st));
             else if (st.text.trim()) msg.append(div("nbtrain-chat-text", st.text.replace(/^\s+/, "")));
           }
         } else {
