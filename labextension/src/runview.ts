@@ -1,9 +1,12 @@
 // A notebook's view of a run that needs no kernel: the renderer of nbtrain's run-view MIME type, which a
 // dashboard puts beside the plotly JSON of its static pictures (a live run's snapshot, the last figure of a
 // stopped or failed run). While the cell's kernel draws its live widget this output is hidden (the
-// dashboard's own style); once that kernel is gone (restarted, shut down, the page reloaded without it),
-// this view follows the run from the run directory through the server extension, like the run's page, so
-// it never shows an old state as if current: it says where it reads from and when it last could.
+// dashboard's own style); once that kernel is gone (restarted, shut down, the page reloaded without it:
+// kernellost.ts marks the widget of a kernel lost while the page is open), this view follows the run from
+// the run directory through the server extension, like the run's page, so it never shows an old state as if
+// current: it says at which step the kernel's view was lost, where it reads from and when it last could, and
+// Re-attach gives the run a live view again, in a new cell below (a `%finetune attach`, as the sidebar's
+// Dashboard button does).
 import { IRunInfo } from './api';
 import { chartBoxes, ENDED_POLL_MS, FollowedRun, headHTML, POLL_MS, renderCharts, RunFollower } from './follow';
 import { progressFraction, stepsText } from './logic';
@@ -11,6 +14,15 @@ import { progressFraction, stepsText } from './logic';
 export const RUN_VIEW_MIME = 'application/vnd.nbtrain.run-view+json';
 // Asks the sidebar's plugin (index.ts) to open a run's page: a MIME renderer has no shell of its own.
 export const OPEN_PAGE_EVENT = 'nbtrain:open-page';
+// Asks the same plugin to attach a live view of a run in a new cell below the one holding ``node``; it calls
+// ``done`` with null, or why it could not (no kernel, the output is in no notebook).
+export const ATTACH_EVENT = 'nbtrain:attach';
+
+export interface IAttachRequest {
+  runId: string;
+  node: HTMLElement;
+  done: (why: string | null) => void;
+}
 
 const HIDDEN_MS = 500;
 const CHART_W = 240;
@@ -25,6 +37,9 @@ interface IRunViewData {
   max_steps?: number | null;
   phase?: string | null;
   taken_at?: number;
+  // The kernel's live widget this output stands in for: its mark has the class nbtrain-live-<view>, and its
+  // figure the step its header showed (layout.meta), where the view stopped when its kernel was lost.
+  view?: string;
   // Under the final figure of a stopped or failed run: the state and step it shows. The view stays empty
   // while the run is still so, and follows it (hiding the figure above) once it went on without the kernel.
   watch?: { state: string; step: number };
@@ -43,7 +58,10 @@ export class RunView extends FollowedRun {
       <div class="nbtrain-progress"><div class="nbtrain-progress-bar"></div></div>
       <div class="nbtrain-error"></div>
       <div class="nbtrain-page-charts"></div>
-      <div class="nbtrain-page-updated"></div>`;
+      <div class="nbtrain-view-foot"><span class="nbtrain-page-updated"></span>
+        <button class="nbtrain-view-attach" title="show this run live again, in a new cell below">Re-attach</button>
+        <span class="nbtrain-view-attach-note"></span>
+      </div>`;
     this.q('.nbtrain-page-charts').append(...chartBoxes(CHART_W, CHART_H));
     this.q('.nbtrain-view-page').addEventListener('click', () => {
       if (this._follower) {
@@ -51,6 +69,7 @@ export class RunView extends FollowedRun {
         document.dispatchEvent(new CustomEvent(OPEN_PAGE_EVENT, { detail }));
       }
     });
+    this.q('.nbtrain-view-attach').addEventListener('click', () => this._attach());
   }
 
   /** IRenderMime.IRenderer: show the run the output names (and keep following it). */
@@ -61,6 +80,7 @@ export class RunView extends FollowedRun {
       return;
     }
     this._name = data.name ?? data.run_id;
+    this._data = data;
     this.q('.nbtrain-page-name').textContent = this._name;
     this._watch = data.watch ?? null;
     this.node.classList.toggle('nbtrain-watching', this._watch !== null);
@@ -92,7 +112,7 @@ export class RunView extends FollowedRun {
         this.node.classList.toggle('nbtrain-went-on', !!w && (run.state !== w.state || run.step !== w.step));
         this._render(run);
         this.q('.nbtrain-page-updated').textContent =
-          `followed from its run directory (no kernel follows this view) · read at ${follower.lastRead}`;
+          `${this._lost()}: following the run directory · read at ${follower.lastRead}`;
       } catch (e) {
         this.q('.nbtrain-page-updated').textContent = follower.unreachable(e);
       }
@@ -113,6 +133,39 @@ export class RunView extends FollowedRun {
     this.q('.nbtrain-page-updated').textContent = `as its kernel saw it at ${at}; reading the run…`;
   }
 
+  /** Where the kernel's view stopped: the step its widget showed last, else the step of the output. */
+  private _lost(): string {
+    const d = this._data;
+    const mark = d?.view ? document.querySelector(`.nbtrain-live-${CSS.escape(d.view)}`) : null;
+    // plotly keeps the figure's layout on its element
+    const plot = mark?.closest('.jp-OutputArea-child')?.querySelector('.js-plotly-plot') as
+      | { layout?: { meta?: { nbtrain_step?: unknown } } }
+      | null
+      | undefined;
+    const drawn = plot?.layout?.meta?.nbtrain_step;
+    const step = this._watch?.step ?? (typeof drawn === 'number' ? drawn : d?.step);
+    return step === undefined ? 'live view lost' : `live view lost at step ${step}`;
+  }
+
+  /** Re-attach: a new cell below, showing the run live (index.ts runs it); says so, or why it could not. */
+  private _attach(): void {
+    const runId = this._follower?.runId;
+    if (!runId) {
+      return;
+    }
+    const button = this.q('.nbtrain-view-attach') as HTMLButtonElement;
+    const note = this.q('.nbtrain-view-attach-note');
+    button.disabled = true;
+    note.textContent = 'attaching…';
+    const done = (why: string | null): void => {
+      button.disabled = false;
+      note.textContent = why ? `could not re-attach: ${why}` : 'attached in the cell below';
+      this.node.dataset.attach = why ? 'failed' : 'attached';
+    };
+    const detail: IAttachRequest = { runId, node: this.node, done };
+    document.dispatchEvent(new CustomEvent(ATTACH_EVENT, { detail }));
+  }
+
   private _render(run: IRunInfo): void {
     this._name = run.name;
     this.renderHead(run, this._follower!.points);
@@ -121,5 +174,6 @@ export class RunView extends FollowedRun {
 
   private _follower: RunFollower | null = null;
   private _watch: { state: string; step: number } | null = null;
+  private _data: IRunViewData | null = null;
   private _name = '';
 }

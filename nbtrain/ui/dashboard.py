@@ -24,7 +24,10 @@ routes updates from the thread to the cell that showed them): the widget (a widg
 text), a static snapshot of the figure (plotly JSON, HTML, text) updated at most every
 ``static_interval`` seconds, and a guard (a ``<style>`` only). While the widget is drawn, a style in its
 notes hides the snapshot; while it is not (a notebook saved mid-run and reopened without the kernel, or
-the widget code still loading), the guard's style hides the widget's output and the snapshot shows.
+the widget code still loading), the guard's style hides the widget's output and the snapshot shows. So it
+does once the kernel is lost (Kernel > Restart, a kernel that died or was shut down): ipywidgets 8 keeps
+drawing the widget as it last was, with a broken-link icon, so the lab extension marks its output
+(``KERNEL_LOST_CLASS``, labextension/src/kernellost.ts) and both styles treat it as not drawn.
 When the run ends the widget output becomes the static figure of the final state, the snapshot and the
 guard become empty and the widgets are closed: the saved notebook, any viewer without the kernel, and
 an untrusted notebook all show the final chart and no widget reference.
@@ -95,6 +98,11 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 # follows the run through the server extension, for when the cell's kernel is gone. Other frontends show the
 # plotly JSON or the HTML beside it.
 RUN_VIEW_MIME = "application/vnd.nbtrain.run-view+json"
+# The lab extension (labextension/src/kernellost.ts) puts this class on the output that holds a live widget's
+# mark once the notebook's kernel restarted, died or was shut down: ipywidgets 8 keeps drawing the widget
+# as it last was, so the dashboard's own style then hides it and shows the snapshot, the live view without
+# a kernel, in its place.
+KERNEL_LOST_CLASS = "nbtrain-kernel-lost"
 
 
 def static_bundle(fig: go.Figure, text: str, header_html: str = "") -> dict[str, Any]:
@@ -279,6 +287,9 @@ class Dashboard:
                     self._versions[spec.key] = spec.version(frame)
                 if look_changed:
                     apply_chrome(fig, look)
+                    # the step the header shows, for the lab extension: a view whose kernel is lost says
+                    # it stopped there (labextension/src/runview.ts)
+                    fig.layout.meta = {"nbtrain_step": p.step}
                     self._chrome = look
         if new or changed:
             self.updates += 1  # data sent (the title's clock ticks on its own)
@@ -315,19 +326,21 @@ class Dashboard:
 
     # ---------------------------------------------------------------------------------- rendering
     def _live_css(self) -> str:
-        """In the notes widget, so only while the widget is drawn: hide the snapshot after its output."""
+        """In the notes widget, so only while the widget is drawn and its kernel not lost: hide the snapshot
+        after its output."""
         mark = f"nbtrain-live-{self._uid}"
         return (
-            f"<style>.jp-OutputArea-child:has(.{mark}) + .jp-OutputArea-child {{display: none}}</style>"
-            f"<span class='{mark}'></span>"
+            f"<style>.jp-OutputArea-child:has(.{mark}):not(.{KERNEL_LOST_CLASS}) + .jp-OutputArea-child "
+            f"{{display: none}}</style><span class='nbtrain-live {mark}'></span>"
         )
 
     def _guard_bundle(self) -> dict[str, Any]:
         """Saved with the notebook: hide the widget's output (two before this one) while it holds no
-        drawn widget, so the snapshot between them is what shows, not 'model not found'."""
+        drawn widget, or one whose kernel is lost, so the snapshot between them is what shows, not 'model
+        not found' nor a widget frozen as its kernel last drew it."""
         mark = f"nbtrain-guard-{self._uid}"
         widget_out = (
-            f".jp-OutputArea-child:not(:has(.nbtrain-live-{self._uid}))"
+            f".jp-OutputArea-child:is(:not(:has(.nbtrain-live-{self._uid})), .{KERNEL_LOST_CLASS})"
             f":has(+ .jp-OutputArea-child + .jp-OutputArea-child .{mark})"
         )
         return {
@@ -345,6 +358,7 @@ class Dashboard:
             # (the state, step and phase: what the view shows until it has read the run itself)
             bundle[RUN_VIEW_MIME] = {
                 **self._run_ref(),
+                "view": self._uid,  # the widget it stands in for: its mark, nbtrain-live-<view>
                 "state": st.state,
                 "step": st.step,
                 "max_steps": st.max_steps,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nbtrain.ui.dashboard import PLOTLY_MIME, RUN_VIEW_MIME, WIDGET_MIME, Dashboard
+from nbtrain.ui.dashboard import KERNEL_LOST_CLASS, PLOTLY_MIME, RUN_VIEW_MIME, WIDGET_MIME, Dashboard
 from nbtrain.ui.figures import FIGURE_WIDTH, STATE_COLORS
 from tests.control.runs.test_metrics import RunFiles
 
@@ -408,6 +409,14 @@ def test_show_displays_the_widget_with_a_static_snapshot_then_leaves_a_static_fi
     assert isinstance(view["step"], int) and view["max_steps"] == files.run.status().max_steps
     assert abs(view["taken_at"] - time.time()) < 60
     assert "<style>" in guard.bundles[0]["text/html"] and "nbtrain-live-" in dash.notes.value
+    # it names the widget it stands in for by its mark, whose figure carries the step its header shows (a
+    # view whose kernel is lost says where it stopped); once the lab extension marks that output's kernel
+    # lost, neither style counts the widget as drawn
+    assert f"nbtrain-live nbtrain-live-{view['view']}'" in dash.notes.value
+    shown = re.search(r"step (\d+)", dash.fig.layout.title.text)
+    assert shown and dash.fig.layout.meta == {"nbtrain_step": int(shown[1])}
+    assert f":not(.{KERNEL_LOST_CLASS})" in dash.notes.value
+    assert f", .{KERNEL_LOST_CLASS})" in guard.bundles[0]["text/html"]
     files.steps(4, 8)
     files.status("completed", step=7)
     assert dash.thread is not None
