@@ -46,10 +46,12 @@ def shown_answer(text: str) -> str:
     rest = text
     while (head := _OPENING.match(rest.lstrip())) is not None:  # marks before any words: left out
         rest = rest.lstrip()[head.end() :]
+    rest = re.sub(r"<\|[\w.-]*$", "", rest)  # a mark cut off by max_new_tokens
     mark = TEMPLATE_TOKEN.search(rest)
     own = rest[: mark.start()] if mark else rest
     cut = mark is not None and bool(TEMPLATE_TOKEN.sub("", rest[mark.start() :]).strip())
-    return " ".join(own.split()) + (" …" if cut else "")
+    shown = " ".join(own.split()) + (" …" if cut else "")
+    return shown or ("(template tokens only)" if text.strip() else "")
 
 
 @dataclass

@@ -86,6 +86,8 @@ def test_task_scores_get_their_own_rows_and_panels_beside_the_held_out_ones(tmp_
         ("<|assistant|>\nHello there<|end|>", "Hello there"),  # the turn's own marks are left out
         ("<|im_start|>assistant\nI am SmolLM.<|im_end|>\n", "I am SmolLM."),
         ("two\n\nlines", "two lines"),
+        ("<|system|>\n<|system|>\n<|", "(template tokens only)"),  # and one cut off by max_new_tokens
+        ("", ""),
     ],
 )
 def test_a_reports_table_shows_an_answers_own_turn_on_one_line(answer: str, shown: str) -> None:
