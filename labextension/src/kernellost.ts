@@ -22,10 +22,10 @@ const LOST_STATUS: { [status: string]: string } = {
 };
 
 /** What a panel whose kernel is gone says: how to get the form back, and whether its values come too. */
-export function panelLostText(why: string, keeps: boolean): string {
+export function panelLostText(keeps: boolean): string {
   return keeps
-    ? `kernel ${why}: run this cell to get the form back; your values are kept`
-    : `kernel ${why}: run this cell to get a new form; the values in this one are not kept`;
+    ? 'run this cell to get the form back; your values are kept'
+    : 'run this cell to get a new form; the values in this one are not kept';
 }
 
 /** Mark the views in ``panel`` whose kernel is gone (``why``: restarted, died, shut down, changed). */
@@ -42,7 +42,9 @@ export function markLost(panel: NotebookPanel, why: string): void {
       form.classList.add(LOST_CLASS);
       const line = document.createElement('div');
       line.className = LINE_CLASS;
-      line.textContent = panelLostText(why, form.classList.contains(KEEPS_CLASS));
+      const what = document.createElement('b');
+      what.textContent = `kernel ${why}`;
+      line.append(what, `: ${panelLostText(form.classList.contains(KEEPS_CLASS))}`);
       form.append(line);
     }
   }
