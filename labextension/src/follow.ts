@@ -11,6 +11,7 @@ import {
   chipState,
   ISeries,
   progressFraction,
+  progressLine,
   stepsText,
   waitingText
 } from './logic';
@@ -164,11 +165,14 @@ export abstract class FollowedRun extends Widget {
     const step = shownStep(run, points);
     const logged = Object.values(points).some(p => p.length > 0);
     const frac = run.state === 'completed' ? 1 : progressFraction(run.step, run.max_steps);
-    this.setState(
-      chipState(run.state, !!run.stopping),
-      logged ? run.phase ?? stepsText(step, run.max_steps) : waitingText(run.state, run.phase),
-      frac
-    );
+    // the steps and the server's time left; before the first loss when it comes (where the server knows)
+    const firstLoss = logged ? null : run.first_loss_text;
+    const steps =
+      run.phase ??
+      (logged || firstLoss
+        ? progressLine(stepsText(step, run.max_steps), run.left_text, firstLoss)
+        : progressLine(waitingText(run.state, null), run.left_text));
+    this.setState(chipState(run.state, !!run.stopping), steps, frac);
     this.q('.nbtrain-page-loss').textContent = run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;
     const err = this.q('.nbtrain-error');
     err.textContent = run.error ? `${run.error.type ?? 'error'}: ${run.error.message ?? ''}` : '';

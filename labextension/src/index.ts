@@ -4,6 +4,7 @@
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICompletionProviderManager } from '@jupyterlab/completer';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
@@ -13,8 +14,10 @@ import { TabPanel } from '@lumino/widgets';
 import { FinetuneCompletionProvider, highlightFinetuneCells } from './finetune';
 import { attachSource } from './logic';
 import { RunsModel } from './model';
+import { setRenderers } from './runfigure';
 import { RunPage } from './runpage';
-import { OPEN_PAGE_EVENT } from './runview';
+import { watchKernelLoss } from './kernellost';
+import { ATTACH_EVENT, IAttachRequest, OPEN_PAGE_EVENT } from './runview';
 import { RunsStatus } from './statusbar';
 import { RunsSidebar } from './sidebar';
 import { toCellPlugin } from './tocell';
@@ -65,19 +68,33 @@ const runsPlugin: JupyterFrontEndPlugin<void> = {
   description: 'Sidebar and status bar for nbtrain training runs (JupyterLab and Notebook 7).',
   autoStart: true,
   // Nothing required: in Notebook 7 there is no ILabShell nor status bar, and the sidebar goes in its
-  // left panel (View > Left Sidebar > Show Training runs).
-  optional: [INotebookTracker, IStatusBar],
+  // left panel (View > Left Sidebar > Show Training runs). The renderers draw the run page's charts with
+  // plotly's own renderer (runfigure.ts).
+  optional: [INotebookTracker, IStatusBar, IRenderMimeRegistry],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker | null,
-    statusBar: IStatusBar | null
+    statusBar: IStatusBar | null,
+    renderers: IRenderMimeRegistry | null
   ) => {
     const model = new RunsModel();
+    setRenderers(renderers);
 
-    const openDashboard = async (runId: string): Promise<string | null> => {
-      const panel = tracker?.currentWidget;
+    // ``below``: an element in a notebook's cell (a run view's Re-attach): the new cell goes below that one
+    const openDashboard = async (runId: string, below?: HTMLElement): Promise<string | null> => {
+      const panel = below ? tracker?.find(p => p.node.contains(below)) : tracker?.currentWidget;
+      if (!panel && below) {
+        return 'this output is in no notebook open here';
+      }
       if (!panel) {
-        return `Open a notebook to show the dashboard of run ${runId} there.`;
+        // no notebook to show it in (Notebook 7's file browser, a lab with none open): the run's page is
+        // the same dashboard, needing none
+        openPage(runId, model.runs.find(r => r.id === runId)?.name ?? runId);
+        return null;
+      }
+      if (below) {
+        const index = panel.content.widgets.findIndex(c => c.node.contains(below));
+        panel.content.activeCellIndex = index >= 0 ? index : panel.content.activeCellIndex;
       }
       await panel.sessionContext.ready;
       const kernel = panel.sessionContext.session?.kernel;
@@ -149,6 +166,15 @@ const runsPlugin: JupyterFrontEndPlugin<void> = {
       const { runId, name } = (e as CustomEvent<{ runId: string; name: string }>).detail;
       openPage(runId, name);
     });
+
+    // a run view whose kernel was lost re-attaches: a live view in a new cell below its own
+    document.addEventListener(ATTACH_EVENT, e => {
+      const { runId, node, done } = (e as CustomEvent<IAttachRequest>).detail;
+      openDashboard(runId, node).then(done, err => done(String(err)));
+    });
+    if (tracker) {
+      watchKernelLoss(tracker);
+    }
 
     const sidebar = new RunsSidebar({ model, openDashboard, openPage });
     sidebar.title.icon = runsIcon;

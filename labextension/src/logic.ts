@@ -192,6 +192,15 @@ export function stepsText(step: number, maxSteps: number | null): string {
   return maxSteps ? `step ${step}/${maxSteps}` : `step ${step}`;
 }
 
+/**
+ * A running run's line: its steps, then what the server estimated (control/runs/eta, the words the cell's
+ * header uses too): the time left and, before its first loss, when that comes. "step 2/100 · 32 min 40 s
+ * left · first loss at step 5, in about 60 s"; the parts the server left out are left out.
+ */
+export function progressLine(steps: string, leftText?: string | null, firstLossText?: string | null): string {
+  return [steps, leftText, firstLossText].filter(part => !!part).join(' · ');
+}
+
 export function activeRunsText(active: number, servers = 0): string {
   const runs = `nbtrain: ${active} active run${active === 1 ? '' : 's'}`;
   return servers > 0 ? `${runs} · ${servers} model server${servers === 1 ? '' : 's'}` : runs;
@@ -352,4 +361,57 @@ export function axisLabel(v: number): string {
     return v.toExponential(0);
   }
   return String(Number(v.toPrecision(3)));
+}
+
+/** A plotly figure as JSON (what the server's runs/<id>/figure answers). */
+export interface IFigureJSON {
+  data: { [attr: string]: unknown }[];
+  layout: { [key: string]: unknown };
+}
+
+/** One of a figure's controls (a plotly updatemenu: the loss panel's linear/log and raw/smoothed). */
+export interface IFigureMenu {
+  name?: string;
+  active?: number;
+  buttons?: { method?: string; args?: unknown[] }[];
+}
+
+function setPath(target: { [key: string]: unknown }, path: string, value: unknown): void {
+  const keys = path.split('.');
+  let node = target;
+  for (const key of keys.slice(0, -1)) {
+    const next = node[key];
+    node = (node[key] = next && typeof next === 'object' ? next : {}) as { [key: string]: unknown };
+  }
+  node[keys[keys.length - 1]] = value;
+}
+
+/** The choices made in a figure's controls (``previous``: the drawn figure's menus), carried onto a fresh
+ * figure of the same run before it is drawn: each menu keeps its active button, and what that button sets
+ * (a relayout's layout keys, a restyle's trace attributes, an array value cycled over its traces as plotly
+ * does) is set in the new figure, as a click on it would. */
+export function carryControls(previous: IFigureMenu[] | undefined, figure: IFigureJSON): void {
+  const menus = figure.layout.updatemenus as IFigureMenu[] | undefined;
+  for (const menu of menus ?? []) {
+    const active = previous?.find(m => m.name === menu.name)?.active;
+    const button = typeof active === 'number' ? menu.buttons?.[active] : undefined;
+    if (active === undefined || active === menu.active || !button) {
+      continue;
+    }
+    menu.active = active;
+    const [values, traces] = (button.args ?? []) as [{ [key: string]: unknown }?, number[]?];
+    for (const [key, value] of Object.entries(values ?? {})) {
+      if (button.method === 'relayout') {
+        setPath(figure.layout, key, value);
+      } else if (button.method === 'restyle') {
+        const indices = traces ?? figure.data.map((_, i) => i);
+        indices.forEach((t, j) => {
+          if (figure.data[t]) {
+            const v = Array.isArray(value) ? value[j % value.length] : value;
+            setPath(figure.data[t], key, v);
+          }
+        });
+      }
+    }
+  }
 }

@@ -1,15 +1,17 @@
-// A run's page of its own in the main area, opened from its sidebar card: its state and progress, the loss
-// (and eval loss), learning rate and throughput against the step, and the last lines of its log; Stop,
-// Resume and Stop server as on the card. It reads the server extension's REST API only (no notebook, no
-// kernel): any run, live, from wherever it was started, and after any kernel restart.
+// A run's page of its own in the main area, opened from its sidebar card (its Page, or its Dashboard where
+// no notebook is open: Notebook 7's file browser): its state, progress and time left (the head, follow.ts),
+// the charts a notebook's dashboard draws (runfigure.ts: the same plotly figure, with its scale and
+// smoothing controls), and the last lines of its log, the trainer's metrics dicts written readably by the
+// server; Stop, Resume and Stop server as on the card. It reads the server extension's REST API only (no
+// notebook, no kernel): any run, live, from wherever it was started, and after any kernel restart.
 import { showErrorMessage } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
 
 import { IRunInfo, RunAction, requestAPI, runAction } from './api';
-import { chartBoxes, ENDED_POLL_MS, FollowedRun, headHTML, POLL_MS, renderCharts, RunFollower } from './follow';
+import { ENDED_POLL_MS, FollowedRun, headHTML, POLL_MS, RunFollower } from './follow';
 import { STOP_TIP, STOPPING_TIP } from './logic';
+import { RunFigure } from './runfigure';
 
-const CHART_W = 320;
-const CHART_H = 120;
 const LOG_LINES = 40;
 
 export class RunPage extends FollowedRun {
@@ -25,19 +27,30 @@ export class RunPage extends FollowedRun {
         <button class="jp-mod-styled nbtrain-stop" data-action="stop">Stop</button>
         <button class="jp-mod-styled nbtrain-resume" data-action="resume">Resume</button>
         <button class="jp-mod-styled nbtrain-server-stop" data-action="server/stop">Stop server</button>`)}
-      <div class="nbtrain-page-id"></div>
       <div class="nbtrain-progress"><div class="nbtrain-progress-bar"></div></div>
+      <div class="nbtrain-page-id"></div>
       <div class="nbtrain-error"></div>
       <div class="nbtrain-page-server"></div>
-      <div class="nbtrain-page-charts"></div>
+      <div class="nbtrain-page-figure"></div>
       <div class="nbtrain-page-log-head">last lines of the log</div>
       <pre class="nbtrain-page-log"></pre>
       <div class="nbtrain-page-updated"></div>`;
     this.node.querySelectorAll('button').forEach(b =>
       b.addEventListener('click', () => void this._act(b.dataset.action as RunAction))
     );
-    this.q('.nbtrain-page-charts').append(...chartBoxes(CHART_W, CHART_H));
+    this._figure = new RunFigure(runId, this.q('.nbtrain-page-figure'));
     void this._tick();
+  }
+
+  dispose(): void {
+    this._figure.dispose();
+    super.dispose();
+  }
+
+  // also sent when its tab is shown again: a figure that came while it was hidden is drawn then
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    this._figure.resize();
   }
 
   get runId(): string {
@@ -56,6 +69,7 @@ export class RunPage extends FollowedRun {
         `runs/${encodeURIComponent(this.runId)}/logs?n=${LOG_LINES}`
       );
       this._render(run, logs.text);
+      await this._figure.update();
       this.q('.nbtrain-page-updated').textContent = `read at ${this._follower.lastRead}`;
     } catch (e) {
       // says so, and when it last could: the page keeps what it showed
@@ -87,7 +101,6 @@ export class RunPage extends FollowedRun {
     stop.title = run.stopping ? STOPPING_TIP : STOP_TIP;
     show('.nbtrain-resume', run.resumable);
     show('.nbtrain-server-stop', !!run.server?.url);
-    renderCharts(this.node, this._follower.points, CHART_W, CHART_H);
     const pre = this.q('.nbtrain-page-log');
     const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
     pre.textContent = log;
@@ -109,5 +122,6 @@ export class RunPage extends FollowedRun {
   }
 
   private _follower: RunFollower;
+  private _figure: RunFigure;
   private _busy = false;
 }

@@ -20,6 +20,7 @@ import {
   startedText,
   STOP_TIP,
   STOPPING_TIP,
+  progressLine,
   stepsText
 } from './logic';
 import { RunsModel } from './model';
@@ -253,7 +254,7 @@ export class RunsSidebar extends Widget {
           title="Open this run's page: its charts and log, live, no notebook needed"><span
           class="nbtrain-open-label">Page</span></button>
         <button class="jp-mod-styled nbtrain-open" data-action="open" aria-label="Dashboard"
-          title="Show this run's dashboard in the active notebook"><span
+          title="Show this run's dashboard in the active notebook (with none open, on its page)"><span
           class="nbtrain-open-label">Dashboard</span></button>
         <button class="jp-mod-styled nbtrain-delete" data-action="delete" aria-label="Delete run"
           title="Delete run (moves its folder to the trash)"></button>
@@ -298,9 +299,12 @@ export class RunsSidebar extends Widget {
     row.dataset.done = String(run.done);
     row.dataset.stopping = String(stopping);
     row.dataset.resumable = String(run.resumable);
-    q('.nbtrain-steps').textContent = run.phase ?? stepsText(run.step, run.max_steps);
-    // Before the first step the phase line takes the whole width (no sparkline or loss yet).
-    q('.nbtrain-run-detail').classList.toggle('nbtrain-has-phase', !!run.phase);
+    // The steps, the time left and before the first loss when it comes, or what a starting run does.
+    const firstLoss = run.loss === null ? run.first_loss_text : null;
+    q('.nbtrain-steps').textContent =
+      run.phase ?? progressLine(stepsText(run.step, run.max_steps), run.left_text, firstLoss);
+    // Before the first loss that line takes the whole width (no sparkline or loss yet).
+    q('.nbtrain-run-detail').classList.toggle('nbtrain-has-phase', !!run.phase || !!firstLoss);
     const spark = row.querySelector('.nbtrain-spark path');
     spark?.setAttribute('d', sparklinePath(run.losses ?? [], SPARK_W, SPARK_H));
     q('.nbtrain-loss').textContent = run.loss === null ? '' : `loss ${run.loss.toFixed(4)}`;

@@ -6,6 +6,7 @@ import {
   activeRunsText,
   attachSource,
   axisLabel,
+  carryControls,
   chartGeometry,
   chipState,
   completeFinetune,
@@ -17,6 +18,7 @@ import {
   objectiveOf,
   parentPath,
   progressFraction,
+  progressLine,
   sparklinePath,
   startedText,
   stepsText,
@@ -111,6 +113,16 @@ test('progress is clamped and unknown lengths read as 0', () => {
   assert.equal(progressFraction(5, null), 0);
   assert.equal(stepsText(5, 10), 'step 5/10');
   assert.equal(stepsText(5, null), 'step 5');
+});
+
+test("a run's line adds the server's time left and first loss, leaving out what it did not send", () => {
+  assert.equal(
+    progressLine('step 2/100', '32 min 40 s left', 'first loss at step 5, in about 60 s'),
+    'step 2/100 · 32 min 40 s left · first loss at step 5, in about 60 s'
+  );
+  assert.equal(progressLine('step 40/100', '1 min 30 s left', null), 'step 40/100 · 1 min 30 s left');
+  assert.equal(progressLine('step 1/100', null, 'first loss at step 5'), 'step 1/100 · first loss at step 5');
+  assert.equal(progressLine('step 1/100', undefined, undefined), 'step 1/100');
 });
 
 test('a start time reads short, in local time, with the year only when it is not this one', () => {
@@ -221,4 +233,51 @@ test('a run being stopped reads stopping until it has stopped', () => {
   assert.equal(chipState('running', false), 'running');
   assert.equal(chipState('stopped', true), 'stopped'); // a poll that saw the end first
   assert.equal(chipState('queued', true), 'queued'); // a queued job is cancelled, not stopped after a step
+});
+
+// The loss panel's controls as nbtrain.ui.figures.axes.loss_controls makes them.
+function lossFigure(): { data: { [k: string]: unknown }[]; layout: { [k: string]: unknown } } {
+  return {
+    data: [{ name: 'loss', opacity: 1 }, { name: 'smoothed', visible: false, opacity: 1 }, { name: 'lr' }],
+    layout: {
+      yaxis: { title: { text: 'loss' } },
+      updatemenus: [
+        {
+          name: 'loss-curve',
+          active: 0,
+          buttons: [
+            { label: 'raw', method: 'restyle', args: [{ visible: [true, false], opacity: [1, 1] }, [0, 1]] },
+            { label: 'smoothed', method: 'restyle', args: [{ visible: [true, true], opacity: [0.3, 1] }, [0, 1]] }
+          ]
+        },
+        {
+          name: 'loss-scale',
+          active: 0,
+          buttons: [
+            { label: 'linear', method: 'relayout', args: [{ 'yaxis.type': 'linear' }] },
+            { label: 'log', method: 'relayout', args: [{ 'yaxis.type': 'log' }] }
+          ]
+        }
+      ]
+    }
+  };
+}
+
+test('carryControls keeps the log scale and the smoothed loss chosen on the drawn figure', () => {
+  const fresh = lossFigure();
+  carryControls([{ name: 'loss-curve', active: 1 }, { name: 'loss-scale', active: 1 }], fresh);
+  const menus = fresh.layout.updatemenus as { active: number }[];
+  assert.deepEqual(menus.map(m => m.active), [1, 1]);
+  assert.deepEqual(fresh.layout.yaxis, { title: { text: 'loss' }, type: 'log' });
+  assert.deepEqual(fresh.data[0], { name: 'loss', opacity: 0.3, visible: true });
+  assert.deepEqual(fresh.data[1], { name: 'smoothed', visible: true, opacity: 1 });
+  assert.deepEqual(fresh.data[2], { name: 'lr' }); // a trace no button names is left alone
+});
+
+test('carryControls leaves a fresh figure as it is when nothing was chosen or nothing was drawn', () => {
+  for (const previous of [undefined, [{ name: 'loss-curve', active: 0 }], [{ name: 'other', active: 1 }]]) {
+    const fresh = lossFigure();
+    carryControls(previous, fresh);
+    assert.deepEqual(fresh, lossFigure());
+  }
 });

@@ -1,6 +1,7 @@
 """The whole JupyterLab path in headless chromium: a %%finetune cell (highlighted as YAML, with key
 completion) trains the tiny model, the Plotly dashboard draws its loss, the sidebar shows the run's
-progress, "Open dashboard" attaches a view after a kernel restart, Stop stops the run and Resume in the
+progress, Kernel > Restart turns the cell's widget into the live view without a kernel (never the widget
+frozen as it was), "Open dashboard" attaches a view after the restart, Stop stops the run and Resume in the
 sidebar continues it."""
 
 from __future__ import annotations
@@ -36,17 +37,17 @@ STEP_PAST_JS = """([id, at]) => {
 }"""
 
 
-def _kernel_ids(url: str, token: str) -> list[str]:
-    with urllib.request.urlopen(f"{url}/api/kernels?token={token}", timeout=5) as r:
-        return [k["id"] for k in json.loads(r.read())]
+# The first step a figure's title on the page shows ("... step 19/100000 ...").
+def title_step(title: Any) -> int:
+    return int((re.findall(r"step (\d+)", title.text_content() or "") or ["-1"])[0])
 
 
-def _post(url: str, token: str, path: str) -> None:
-    req = urllib.request.Request(
-        f"{url}/{path}", data=b"{}", method="POST", headers={"Authorization": f"token {token}"}
-    )
-    with urllib.request.urlopen(req, timeout=60) as r:
-        assert r.status < 300
+def restart_kernel(page: Any) -> None:
+    """Kernel > Restart Kernel… and Restart in its dialog, as a user does it (the frontend's own restart:
+    what the notebook's widgets see)."""
+    page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Restart Kernel…$")).click()
+    page.locator(".jp-Dialog-button.jp-mod-accept", has_text="Restart").click()
 
 
 def _nudge(runtime: Path, kernel_id: str) -> bool:
@@ -148,16 +149,38 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         expect(page.locator(".nbtrain-status")).to_have_text("nbtrain: 1 active run")
         page.screenshot(path=str(shots / "sidebar-running.png"))
 
-        # After a kernel restart (the run goes on: it is detached) "Open dashboard" still attaches: the
-        # kernel lacks the magics now, so the one cell it inserts loads them first, with no UsageError and
-        # no empty cell left behind.
-        kernel_id = _kernel_ids(url, token)[0]
+        # Kernel > Restart mid-run (the run goes on: it is detached). ipywidgets keeps the cell's widget drawn
+        # as it last was; within 10 s the live view without a kernel shows in its place instead, says at which
+        # step the kernel's view was lost (the step that widget shows) and follows the run.
         # Restart an idle kernel, as a user does once the cell has run: a run forked by the warm process is
         # running within a second, so the kernel may still be sending the dashboard's first figure, and a
         # restart in the middle of that leaves JupyterLab's kernel connection "Starting" (seen 2 of 3 times).
         _kernel_idle(url, token)
-        _post(url, token, f"api/kernels/{kernel_id}/restart")
+        restart_kernel(page)
+        first_view = cells.nth(1).locator(".nbtrain-run-view")
+        try:
+            expect(first_view.locator(".nbtrain-state")).to_have_text("running", timeout=10_000)
+        except AssertionError:
+            page.screenshot(path=str(shots / "restart-no-view.png"))
+            raise
+        widget_out = cells.nth(1).locator(".jp-OutputArea-child", has=page.locator(".nbtrain-live"))
+        expect(widget_out).to_be_hidden()  # the frozen widget: still on the page, not shown
+        lost = title_step(widget_out.locator(".gtitle"))
+        assert lost > 0
+        expect(first_view.locator(".nbtrain-page-updated")).to_contain_text(
+            f"live view lost at step {lost}: following the run directory"
+        )
+        expect(first_view.locator(".nbtrain-view-attach")).to_have_text("Re-attach")
+        page.wait_for_function(
+            "([el, at]) => Number(el.dataset.step) > at",
+            arg=[first_view.element_handle(), lost],
+            timeout=20_000,
+        )
+        cells.nth(1).scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / "restarted.png"))
         _kernel_idle(url, token, runtime=tmp_path / "jupyter_runtime")
+        # "Open dashboard" still attaches: the kernel lacks the magics now, so the one cell it inserts loads
+        # them first, with no UsageError and no empty cell left behind.
         # Shift+Enter on the last cell left an empty cell, the active one: the attach cell takes its place.
         cells_before = cells.count()
         assert cells.nth(cells_before - 1).locator(".cm-content").inner_text().strip() == ""
@@ -234,7 +257,10 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         while int(first_view.get_attribute("data-step") or -1) < run_step:
             assert time.monotonic() < deadline, (first_view.get_attribute("data-step"), run_step)
             page.wait_for_timeout(200)
-        expect(first_view.locator(".nbtrain-page-updated")).to_contain_text("followed from its run directory")
+        # no widget drawn after the reload: the view was lost where the kernel's last snapshot saw the run
+        expect(first_view.locator(".nbtrain-page-updated")).to_contain_text(
+            re.compile(r"live view lost at step \d+: following the run directory")
+        )
         expect(first_view.locator(".nbtrain-page-chart[data-chart='loss'] path")).to_have_count(1)
         cells.nth(1).scroll_into_view_if_needed()
         page.screenshot(path=str(shots / "reloaded.png"))

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from nbtrain.contract.rundir import RunPaths, lock_run, write_status
+from nbtrain.contract.rundir import RunPaths, atomic_write_json, lock_run, write_status
 from nbtrain.hardware import probe
 from tests.browser.conftest import lab_page, write_notebook
 from tests.conftest import ROOT
@@ -288,8 +288,11 @@ def test_a_model_server_shows_on_its_runs_card_and_stops_from_there(
 def test_a_runs_page_opens_from_its_card_with_no_notebook_open_and_follows_the_run(
     lab: tuple[str, str], tmp_path: Path, shots: Path
 ) -> None:
-    """The run's page of its own (the main area, from the card's Page): its state, steps, loss chart and
-    log, read from the server extension alone, following the run as it goes on and ends."""
+    """The run's page of its own (the main area, from the card's Page): its state, steps, the charts a
+    notebook's dashboard draws (the same plotly figure: its panels, axis titles and loss controls) and the
+    log with the trainer's metrics lines readable, read from the server extension alone, following the run as
+    it goes on and ends, the scale and smoothing chosen kept through its updates; it fills a small window
+    and a wide one."""
     import time
 
     from playwright.sync_api import expect
@@ -299,7 +302,9 @@ def test_a_runs_page_opens_from_its_card_with_no_notebook_open_and_follows_the_r
     paths = make_run(
         "20250104-000000-paged-abcd", name="paged", state="running", step=3, losses=(2.0, 1.5, 1.25)
     )
-    with lab_page(lab, "lab", {"width": 1280, "height": 900}) as (_, page, errors):
+    with paths.rank_log(0).open("a", encoding="utf-8") as log:  # what transformers' trainer prints
+        log.write("{'loss': '1.25', 'grad_norm': '0.8125', 'learning_rate': '0.001', 'epoch': '0.3'}\n")
+    with lab_page(lab, "lab", {"width": 1280, "height": 800}) as (_, page, errors):
         page.add_style_tag(content=".Toastify { display: none !important }")  # JupyterLab's news toast
         page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click(timeout=60_000)
         card = page.locator('.nbtrain-run[data-run-id="20250104-000000-paged-abcd"]')
@@ -309,22 +314,83 @@ def test_a_runs_page_opens_from_its_card_with_no_notebook_open_and_follows_the_r
         expect(view.locator(".nbtrain-page-name")).to_have_text("paged", timeout=10_000)
         expect(view.locator(".nbtrain-state")).to_have_text("running")
         expect(view.locator(".nbtrain-page-steps")).to_have_text("step 3/10")
-        loss = view.locator('path[data-metric="loss"]')
-        expect(loss).to_have_attribute("d", re.compile(r"^M[\d. ]+L[\d. ]+L[\d. ]+$"))
-        expect(view.locator(".nbtrain-page-log")).to_contain_text("line 99")
+        figure = view.locator(".nbtrain-page-figure .js-plotly-plot")
+        expect(figure).to_be_visible(timeout=20_000)
+
+        def points() -> dict[str, int]:
+            """Each trace's key (its meta, as the figure builder names it) and how many points it draws."""
+            js = "gd => gd._fullData.map(t => [gd.data[t.index].meta.join(':'), t.x ? t.x.length : 0])"
+            return dict(figure.evaluate(js))
+
+        assert points()["metric:loss"] == 3
+        # the dashboard's panels, axis titles and the loss panel's controls
+        titles = figure.locator(".annotation-text").all_text_contents()
+        for panel in ("loss", "learning rate", "gradient norm", "throughput", "memory per rank"):
+            assert panel in titles, titles
+        y_titles = figure.locator("[class^='g-y'][class$='title']")
+        # (no memory sample yet)
+        expect(y_titles).to_have_text(["loss", "learning rate", "L2 norm", "tokens/s"])
+        expect(figure.locator(".g-xtitle").first).to_have_text("step")
+        buttons = figure.locator(".updatemenu-button")
+        expect(buttons).to_have_text(["raw", "smoothed", "linear", "log"])
+        log = view.locator(".nbtrain-page-log")
+        expect(log).to_contain_text("line 99")
+        expect(log).to_contain_text("loss 1.25 · grad_norm 0.8125 · learning_rate 0.001 · epoch 0.3")
+        expect(log).not_to_contain_text("{'loss'")
         expect(page.locator(".lm-TabBar-tab", has_text="paged")).to_be_visible()  # a tab of its own
+        buttons.filter(has_text=re.compile("^log$")).click()
+        buttons.filter(has_text="smoothed").click()
         w = JsonlWriter(paths.metrics, "metrics")  # the run goes on
         for step, value in ((4, 1.0), (5, 0.8)):
-            w.write({"t": time.time(), "step": step, "loss": value, "lr": 1e-3, "tokens_per_s": 900.0})
+            w.write({"t": time.time(), "step": step, "loss": value, "lr": 1e-3, "tokens_per_s": 900.0,
+                     "grad_norm": 0.5, "eval_loss": value + 0.1})  # fmt: skip
+        w.close()
+        w = JsonlWriter(paths.system, "system")
+        w.write({"t": time.time(), "rank": 0, "rss": 1.5 * 2**30})
         w.close()
         write_status(paths, "running", step=5, max_steps=10)
-        expect(view.locator(".nbtrain-page-steps")).to_have_text("step 5/10", timeout=10_000)
-        expect(loss).to_have_attribute("d", re.compile(r"^M[\d. ]+(L[\d. ]+){4}$"))
-        expect(view.locator('path[data-metric="tokens_per_s"]')).to_have_count(1)
+        steps = re.compile(r"^step 5/10( · .+ left)?$")  # (the time left, from the records' times)
+        expect(view.locator(".nbtrain-page-steps")).to_have_text(steps, timeout=10_000)
+        deadline = time.monotonic() + 15
+        while points().get("metric:eval_loss") != 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        drawn = points()
+        assert drawn["metric:loss"] == 5 and drawn["metric:eval_loss"] == 2, drawn
+        assert drawn["metric:lr"] == drawn["metric:grad_norm"] == drawn["smooth:tokens_per_s"] == 2, drawn
+        assert drawn["memory:0:rss"] == 1, drawn
+        expect(y_titles).to_have_text(["loss", "learning rate", "L2 norm", "tokens/s", "GiB"])
+        # redrawn in place: the scale and the smoothing chosen before the update hold
+        assert figure.evaluate("gd => gd._fullLayout.yaxis.type") == "log"
+        assert figure.evaluate("gd => [gd.data[0].opacity, gd.data[1].visible]") == [0.3, True]
+        expect(page.locator(".nbtrain-page-figure .js-plotly-plot")).to_have_count(1)
         page.screenshot(path=str(shots / "run-page.png"))
+        page.set_viewport_size({"width": 1920, "height": 1080})
+        time.sleep(1)  # plotly fits the figure to the page's new width
+        width = figure.evaluate("gd => gd._fullLayout.width")
+        assert width > 1400, width
+        page.screenshot(path=str(shots / "run-page-wide.png"))
         write_status(paths, "completed", step=5, max_steps=10)
         expect(view.locator(".nbtrain-state")).to_have_text("completed", timeout=10_000)
         expect(view.locator(".nbtrain-stop")).to_be_hidden()
+
+        # A run logging every 5 steps (lab 6), no loss yet: once the worker has timed two steps, its card
+        # and its page say the time left and when the first loss comes (issue 56).
+        lab6 = make_run("20250104-000001-lab6-beef", name="lab6", state="running", step=1)
+        resolved = {"id": "20250104-000001-lab6-beef", "name": "lab6", "config": {}}
+        atomic_write_json(lab6.resolved, {**resolved, "train_args": {"logging_steps": 5}})
+        write_status(lab6, "running", step=1, step_seconds=20.0, step_ended=time.time(), steps_timed=1)
+        lab6_card = page.locator('.nbtrain-run[data-run-id="20250104-000001-lab6-beef"]')
+        expect(lab6_card.locator(".nbtrain-steps")).to_have_text(
+            "step 1/10 · first loss at step 5", timeout=20_000
+        )
+        write_status(lab6, "running", step=2, step_seconds=20.0, step_ended=time.time(), steps_timed=2)
+        line = re.compile(r"^step 2/10 · 2 min \d\d s left · first loss at step 5, in about \d\d s$")
+        expect(lab6_card.locator(".nbtrain-steps")).to_have_text(line, timeout=10_000)
+        page.locator("#nbtrain-runs").screenshot(path=str(shots / "sidebar-time-left.png"))
+        lab6_card.locator(".nbtrain-page").click()
+        lab6_view = page.locator(".nbtrain-run-page", has=page.locator(".nbtrain-page-name", has_text="lab6"))
+        expect(lab6_view.locator(".nbtrain-page-steps")).to_have_text(line, timeout=10_000)
+        page.screenshot(path=str(shots / "run-page-time-left.png"))
     assert not errors, errors
 
 
@@ -332,8 +398,9 @@ def test_a_runs_page_opens_in_notebook_7_as_a_file_browser_tab_and_from_a_notebo
     lab: tuple[str, str], tmp_path: Path, shots: Path
 ) -> None:
     """Jupyter Notebook 7 keeps one widget in a page's main area: on its file browser page the run's page is
-    a tab beside Files and Running; from a notebook's page, Page opens the file browser page showing the run
-    in a new browser tab. Both follow the run."""
+    a tab beside Files and Running (its card's Dashboard opens it there: no notebook to show it in); from a
+    notebook's page, Page opens the file browser page showing the run in a new browser tab. Both follow the
+    run, with the dashboard's charts (plotly's renderer loads in Notebook 7 too)."""
     from playwright.sync_api import expect
 
     paths = make_run(
@@ -352,17 +419,30 @@ def test_a_runs_page_opens_in_notebook_7_as_a_file_browser_tab_and_from_a_notebo
     def follows(tab: Any, step: int) -> None:
         view = tab.locator(".nbtrain-run-page")
         expect(view.locator(".nbtrain-page-name")).to_have_text("nb7page", timeout=15_000)
-        expect(view.locator(".nbtrain-page-steps")).to_have_text(f"step {step}/10", timeout=10_000)
-        expect(view.locator('path[data-metric="loss"]')).to_have_count(1)
+        steps = re.compile(rf"^step {step}/10( · .+ left)?$")  # (the time left once two steps are timed)
+        expect(view.locator(".nbtrain-page-steps")).to_have_text(steps, timeout=10_000)
+        figure = view.locator(".nbtrain-page-figure .js-plotly-plot")
+        expect(view.locator(".nbtrain-figure-missing")).to_have_count(0)  # plotly's renderer is there too
+        menus = figure.locator(".updatemenu-button")
+        expect(menus).to_have_text(["raw", "smoothed", "linear", "log"], timeout=20_000)
+        assert figure.evaluate("gd => gd._fullData[0].x.length") == 3
         expect(tab.locator(".lm-TabBar-tab", has_text="nb7page")).to_be_visible()
 
     with lab_page(lab, "tree", {"width": 1280, "height": 860}) as (_, page, errors):
-        show_sidebar(page).locator(".nbtrain-page").click()
+        show_sidebar(page).locator(".nbtrain-open").click()  # Dashboard, with no notebook open
         follows(page, 3)
+        expect(page.locator(".jp-Dialog")).to_have_count(0)
         expect(page.locator(".lm-TabBar-tab", has_text="Files")).to_be_visible()  # beside, not instead
         page.screenshot(path=str(shots / "notebook7-run-page.png"))
-        write_status(paths, "running", step=5, max_steps=10)
+        # two steps timed: the time left, in the tab and in the card beside it (issue 56)
+        write_status(
+            paths, "running", step=5, max_steps=10, step_seconds=30.0, step_ended=time.time(), steps_timed=2
+        )
         follows(page, 5)
+        left = re.compile(r"^step 5/10 · 2 min \d\d s left$")
+        expect(page.locator(".nbtrain-run-page .nbtrain-page-steps")).to_have_text(left, timeout=10_000)
+        expect(page.locator(".nbtrain-run .nbtrain-steps")).to_have_text(left, timeout=10_000)
+        page.screenshot(path=str(shots / "notebook7-time-left.png"))
 
         page.goto(page.url.split("/tree")[0] + "/notebooks/lab.ipynb")
         with page.expect_popup() as opened:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from nbtrain.ui.panel import ConfigPanel, saved
+from nbtrain.ui.panel.widget import KEEPS_CLASS
 
 
 def test_a_cells_form_is_saved_privately_and_read_back_and_a_secret_is_never_written(workdir: Path) -> None:
@@ -41,8 +42,13 @@ def test_an_empty_panel_in_the_same_cell_gets_back_the_form_it_held(
     assert again.settle(60)
     assert again.to_yaml() == first.to_yaml() and again.fields["train.max_steps"].value == "12"
     assert "before the kernel restarted" in again.status_message
+    # the form says so, for the line the lab extension shows in its place once the kernel is gone
+    assert KEEPS_CLASS in first.widget._dom_classes and KEEPS_CLASS in again.widget._dom_classes
+    again.fields["model"].value = "hf_" + "a" * 34  # a form holding a token is not written: not kept
+    assert again.settle(60) and KEEPS_CLASS not in again.widget._dom_classes
     explicit = make_panel("model: ./other\n")  # a cell that gives its config keeps it
     assert explicit.settle(60) and explicit.fields["model"].value == "./other"
+    assert KEEPS_CLASS not in explicit.widget._dom_classes  # run again, it is that config again
     monkeypatch.setattr(saved, "cell_key", lambda: ("lab.ipynb", "cell-2"))
     other = make_panel()  # another cell: its own (empty) form
     assert other.settle(60) and other.fields["model"].value == "" and saved.is_empty(other.to_yaml())

@@ -26,7 +26,7 @@ from nbtrain.control.config.preset import find_preset
 from nbtrain.control.prepare import check_config
 from nbtrain.control.prepare import validate as validate_config
 from nbtrain.control.runs.run import Run, get_run
-from nbtrain.ui.panel import saved, yamlfile
+from nbtrain.ui.panel import examples, saved, yamlfile
 from nbtrain.ui.panel.datapreview import PRE_STYLE, data_preview, preview_html, preview_inputs
 from nbtrain.ui.panel.debounce import Debouncer
 from nbtrain.ui.panel.fields import (
@@ -48,7 +48,7 @@ from nbtrain.ui.panel.fields import (
 )
 from nbtrain.ui.panel.files import CANDIDATES_EVERY, data_candidates, model_candidates
 from nbtrain.ui.panel.layout import field_widget, label_html, numbered_steps, page
-from nbtrain.ui.panel.plan import plan_html, plan_lines
+from nbtrain.ui.panel.plan import placeholders, plan_html, plan_lines
 from nbtrain.ui.panel.planfor import NAMED, PlanFor
 from nbtrain.ui.panel.runarea import RunArea
 from nbtrain.ui.panel.style import ERROR_STYLE, LABEL_WIDTH, preset_note_html
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------------------------------- panel
 
 ConfigSource = str | Path | Mapping[str, Any] | Run | None
+KEEPS_CLASS = "nbtrain-panel-keeps"  # on a form whose values come back when its cell runs again
 
 
 class ConfigPanel:
@@ -139,6 +140,7 @@ class ConfigPanel:
         self.groups["Data"].children = (*self.groups["Data"].children, self.data_help)
         self.preset_note = widgets.HTML(preset_note_html(self.preset))
         self.widget = self._layout()
+        self._show_plan(None, {})  # the planned values from the first moment, before any check
         self.widget.add_class("nbtrain-panel")
         self.widget.add_class(self.dom_class)
         self._refresh_candidates(Path.cwd())
@@ -152,6 +154,8 @@ class ConfigPanel:
         # the form this cell held before a kernel restart (ui/panel/saved.py), for an empty panel
         self._cell = saved.cell_key()
         self._saved = None if config is not None else saved.load(self._cell)
+        self._restores = config is None and self._cell is not None  # running the cell again brings it back
+        self._keeps(self._restores)
         if isinstance(config, Run):
             self.set_config(config_from_run(config.config))
         elif config is not None:
@@ -206,6 +210,16 @@ class ConfigPanel:
     # ------------------------------------------------------------------------------------ display
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
+
+    def _keeps(self, keeps: bool) -> None:
+        """Say on the form whether running its cell again brings its values back (an empty panel in a
+        notebook cell, its form saved: not one holding a secret), for the one line the lab extension shows
+        in its place once the kernel is gone (labextension/src/kernellost.ts) instead of the form's widgets,
+        each greyed with a broken link."""
+        if keeps:
+            self.widget.add_class(KEEPS_CLASS)
+        else:
+            self.widget.remove_class(KEEPS_CLASS)
 
     def show(self) -> None:
         from IPython.display import display
@@ -381,6 +395,8 @@ class ConfigPanel:
             if self._by_path[path].kind == "choice":
                 self._set.add(path)
             self._touched.add(path)
+            if path == "model":  # an example model picked by name: the box then holds its path
+                examples.pick(change["new"], self.fields[path], self._say, self._action)
             if self._action_error is not None:  # the last button's error was about the form before this
                 self._action(None)
             self._refresh()
@@ -466,8 +482,9 @@ class ConfigPanel:
         if time.monotonic() - self._candidates_at > CANDIDATES_EVERY:
             self._refresh_candidates(base)
         if text != self._saved:
-            saved.save(self._cell, text)  # kept for this cell across a kernel restart
+            kept = saved.save(self._cell, text)  # kept for this cell across a kernel restart
             self._saved = text
+            self._keeps(self._restores and (kept or saved.is_empty(text)))
         problems, prep = check_config(text, on=on)
         if choice == NAMED and on is None:
             prep = None  # no hardware named yet (or not one nbtrain knows): no plan for this machine instead
@@ -479,26 +496,24 @@ class ConfigPanel:
             return  # a newer change is queued; its check will show the current state
         with self._lock:
             self._apply_problems(problems)
-            self._show_plan(prep)
+            self._show_plan(prep, cfg)
             if html_preview is not None:
                 self.preview.value = html_preview
                 self._preview_key = key
 
-    def _show_plan(self, prep: Prepared | None) -> None:
+    def _show_plan(self, prep: Prepared | None, cfg: dict[str, Any]) -> None:
         """The plan Launch would start (None: the form would not start), under the form; each empty
-        training field shows the value that plan uses ("planned"), or its default until the config is
-        whole."""
+        training field shows the value that plan uses ("planned"; before a plan, what it will use whatever
+        the model: ``plan.placeholders``)."""
         self.plan_text = plan_lines(prep) if prep is not None else []
         self.planned = dict(prep.train_args) if prep is not None else {}
         self.planned_plan = prep.plan.to_dict() if prep is not None else {}
         self.plan_area.value = plan_html(self.plan_text) if self.plan_text else ""
-        planned = self.planned
-        for f in self.spec:
+        boxes = [f for f in self.spec if f.kind == "scalar" and f.path.startswith("train.")]
+        shown = placeholders([f.key for f in boxes], prep, cfg)
+        for f in boxes:
             w = self.fields[f.path]
-            key = f.path.removeprefix("train.")
-            if f.kind != "scalar" or not f.path.startswith("train.") or not hasattr(w, "placeholder"):
-                continue
-            want = f"{format_scalar(planned[key])} (planned)" if key in planned else f.placeholder
+            want = shown.get(f.key, f.placeholder)
             if w.placeholder != want:
                 w.placeholder = want
 

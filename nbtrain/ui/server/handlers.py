@@ -23,6 +23,7 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -35,11 +36,18 @@ from jupyter_server.utils import url_path_join
 from tornado.ioloop import IOLoop
 
 from nbtrain.contract.errors import NbtrainError
-from nbtrain.contract.rundir import NotRegularFile, latest_complete_checkpoint, read_tail
-from nbtrain.control.runs import registry
+from nbtrain.contract.rundir import (
+    MAX_JSON_BYTES,
+    NotRegularFile,
+    latest_complete_checkpoint,
+    read_json,
+    read_tail,
+)
+from nbtrain.control.runs import eta, registry
 from nbtrain.control.runs.metrics import JsonlTail
 from nbtrain.control.runs.run import Run, RunStatus, trash_run
 from nbtrain.hardware import probe
+from nbtrain.ui.server.logtext import readable
 
 T = TypeVar("T")
 
@@ -109,8 +117,17 @@ class _LossTrail:
             for rec in trail.reader.records(max_bytes=MAX_READ_BYTES):
                 if isinstance(rec.get("loss"), (int, float)):
                     trail.add(float(rec["loss"]), self._points)
+                if isinstance(rec.get("t"), (int, float)) and isinstance(rec.get("step"), (int, float)):
+                    trail.times.append((float(rec["t"]), float(rec["step"])))
             self._seen[key] = trail
             return trail.last, list(trail.kept)
+
+    def timing(self, path: Path) -> tuple[int, list[tuple[float, float]]]:
+        """The losses read so far and the (time, step) of the last records, as the last :meth:`get` left
+        them (for the time left, ``control/runs/eta``)."""
+        with self._lock:
+            trail = self._seen.get(str(path))
+            return (0, []) if trail is None else (trail.seen, list(trail.times))
 
 
 @dataclass
@@ -120,6 +137,7 @@ class _Trail:
     seen: int = 0  # losses read so far
     stride: int = 1  # every stride-th loss is kept; doubles whenever the kept list fills up
     kept: list[float] = field(default_factory=list)
+    times: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=eta.RECENT + 1))
 
     def add(self, loss: float, points: int) -> None:
         if self.seen % self.stride == 0:
@@ -197,6 +215,7 @@ def _status_dict(run: Run, row: registry.Row, st: RunStatus) -> dict[str, Any]:
         loss, losses = None, []
         problems.append(str(e))
     resume_note = _resume_note(run, st)
+    left = _time_left(run, st)
     return {
         "id": run.id,
         "name": run.name,
@@ -216,9 +235,37 @@ def _status_dict(run: Run, row: registry.Row, st: RunStatus) -> dict[str, Any]:
         "updated": st.updated,
         "loss": loss,
         "losses": losses,
+        # while it trains: seconds to its last step and in words, and before its first loss when it comes
+        "left": left.seconds,
+        "left_text": left.text,
+        "first_loss_text": left.first_loss_text,
         "problems": problems,
         "server": _server(run),
     }
+
+
+def _time_left(run: Run, st: RunStatus) -> eta.TimeLeft:
+    """The one estimate the cell's header shows too (``control/runs/eta``), from the records the loss trail
+    read and status.json; the pause before this attempt's launch left out of the records' timing."""
+    if st.state != "running":
+        return eta.TimeLeft()
+    losses, times = _LOSS_TRAIL.timing(run.paths.metrics)
+    read: list[Any] = []
+    for path in (run.paths.resolved, run.paths.launch):  # launch.json: none for a notebook_launcher run
+        try:
+            data = read_json(path, max_bytes=MAX_JSON_BYTES, below=run.dir)
+        except (OSError, ValueError):
+            data = None
+        read.append(data if isinstance(data, dict) else {})
+    args, launch = read[0].get("train_args"), read[1].get("start_time")
+    pauses = ((float(launch), float(launch)),) if isinstance(launch, (int, float)) else ()
+    return eta.time_left(
+        st,
+        logged=eta.logged_seconds_per_step(times, pauses),
+        losses=losses,
+        loss_every=eta.loss_every(args if isinstance(args, dict) else None, st.max_steps),
+        now=time.time(),
+    )
 
 
 def _unreadable(row: registry.Row, e: Exception) -> dict[str, Any]:
@@ -240,6 +287,9 @@ def _unreadable(row: registry.Row, e: Exception) -> dict[str, Any]:
         "updated": None,
         "loss": None,
         "losses": [],
+        "left": None,
+        "left_text": None,
+        "first_loss_text": None,
         "problems": [str(e)],
         "server": None,
     }
@@ -286,7 +336,16 @@ def run_logs(run_id: str, n: int) -> dict[str, Any]:
     run, _ = _lookup(run_id)
     path = run.paths.rank_log(0)
     # read_tail: the last 256 kB at most; a FIFO or a link raises NotRegularFile (a 409 naming it)
-    return {"id": run.id, "path": str(path), "text": read_tail(path, n, below=run.dir)}
+    # the trainer's printed metrics dicts as "loss 3.086 · grad_norm 2.494 · ..." (logtext)
+    return {"id": run.id, "path": str(path), "text": readable(read_tail(path, n, below=run.dir))}
+
+
+def run_figure(run_id: str, since: str | None) -> dict[str, Any]:
+    """The run's dashboard figure for its page (``runfigure``: the notebook dashboard's own figure)."""
+    from nbtrain.ui.server import runfigure
+
+    run, _ = _lookup(run_id)
+    return runfigure.run_figure(run, since)
 
 
 def stop_run(run_id: str, timeout: float | None) -> dict[str, Any]:
@@ -507,6 +566,13 @@ class LogsHandler(_Base):
         await self._reply(run_logs, run_id, self._int_arg("n", 40, 0, MAX_LOG_LINES))
 
 
+class FigureHandler(_Base):
+    @tornado.web.authenticated
+    async def get(self, run_id: str) -> None:
+        since = self.get_argument("since", None)
+        await self._reply(run_figure, run_id, since if since and len(since) <= 1000 else None)
+
+
 class StopHandler(_Base):
     @tornado.web.authenticated
     async def post(self, run_id: str) -> None:
@@ -582,6 +648,7 @@ def setup_handlers(web_app: Any) -> None:
         (run, RunHandler),
         (run + "/metrics", MetricsHandler),
         (run + "/logs", LogsHandler),
+        (run + "/figure", FigureHandler),
         (run + "/stop", StopHandler),
         (run + "/checkpoint", CheckpointHandler),
         (run + "/resume", ResumeHandler),

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ ROUTES = [
     ("GET", "runs/a-1"),
     ("GET", "runs/a-1/metrics"),
     ("GET", "runs/a-1/logs"),
+    ("GET", "runs/a-1/figure"),
     ("POST", "runs/a-1/stop"),
     ("POST", "runs/a-1/checkpoint"),
     ("POST", "runs/a-1/resume"),
@@ -71,6 +73,29 @@ async def test_runs_lists_state_progress_and_last_loss(jp_fetch: Fetch) -> None:
     assert first["done"] is True
     assert (second["state"], second["loss"]) == ("queued", None)
     assert first["losses"] == [2.0, 1.5, 1.25] and second["losses"] == []
+
+
+async def test_a_run_logging_every_5_steps_lists_its_time_left_once_two_steps_are_timed(
+    jp_fetch: Fetch,
+) -> None:
+    from nbtrain.contract.rundir import atomic_write_json, write_status
+
+    paths = make_run("lab6-1", step=1)
+    atomic_write_json(
+        paths.resolved, {"id": "lab6-1", "name": "lab6", "config": {}, "train_args": {"logging_steps": 5}}
+    )
+    write_status(paths, "running", step=1, step_seconds=20.0, step_ended=time.time(), steps_timed=1)
+    (run,) = await get_json(jp_fetch, "runs")
+    assert (run["left"], run["left_text"]) == (None, None)  # one step, its warm-up with it, says little
+    assert run["first_loss_text"] == "first loss at step 5"
+    write_status(paths, "running", step=2, step_seconds=20.0, step_ended=time.time(), steps_timed=2)
+    (run,) = await get_json(jp_fetch, "runs")
+    assert 150 < run["left"] <= 160 and run["left_text"].endswith(" s left")  # 8 steps of 20 s
+    assert re.fullmatch(r"first loss at step 5, in about (5\d|60) s", run["first_loss_text"])
+    assert (await get_json(jp_fetch, "runs", "lab6-1"))["left_text"].endswith(" s left")  # the run page's
+    write_status(paths, "completed", step=10)
+    (run,) = await get_json(jp_fetch, "runs")
+    assert (run["left"], run["left_text"], run["first_loss_text"]) == (None, None, None)
 
 
 async def test_runs_name_the_model_each_trains_a_folder_by_its_name(jp_fetch: Fetch) -> None:
