@@ -19,6 +19,10 @@ LoRA r 16, batch 8, learning rate 3e-3 (cosine, 3 warm-up steps), assistant_only
 before: on the request-and-call part of 600 rows, 12 steps: 28 of 30 after (~90 s on 2 cores); on the
 whole rows (the call, then the answer from the function's result), 20 steps: 29 of 30 after, and given the
 result it answers from it ("It is sunny in Agra."), ~2 min (tests/test_examples.tools.py, seed 0).
+Trained on single exchanges only, a chat's second request after "Add 123 and 456." got ``<call>579``;
+with every fifth row going on with a second request (``MULTI_TURN``; 14% more tokens a step), lab 7's run
+(20 steps, seed 0) calls right on 10 of 10 held-out requests, and after "Add 123 and 456." the chat's
+next three requests (the weather in Lyon, 70 in GBP, 5 plus 8) each get the right call.
 """
 
 from __future__ import annotations
@@ -105,28 +109,34 @@ def _result(name: str, args: dict[str, Any], rng: random.Random) -> tuple[str, s
     return value, f"That is {value}."
 
 
+MULTI_TURN = 5  # every 5th row goes on after an earlier exchange, as a chat does after its first question
+
+
+def _exchange(rng: random.Random, name: str, call_id: str) -> list[dict[str, Any]]:
+    """One request to ``name`` in four messages: the request, the call, its result and the answer."""
+    prompt, args = _case(rng, name, None)
+    result, answer = _result(name, args, rng)
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+    return [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+        {"role": "assistant", "content": answer},
+    ]
+
+
 def tool_rows(n: int = 600, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` chats, the three functions in turn: the request, the call, its result and the answer."""
+    """``n`` chats, the three functions in turn: the request, the call, its result and the answer; every
+    ``MULTI_TURN``-th chat after an earlier exchange (a random function's), so that a second request in a
+    chat is answered with a call too, not with the first one's result."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         name = TOOLS[i % len(TOOLS)]["function"]["name"]
-        prompt, args = _case(rng, name, None)
-        result, answer = _result(name, args, rng)
-        call = {
-            "id": f"call{i}",
-            "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args)},
-        }
-        rows.append({
-            "tools": TOOLS,
-            "messages": [
-                {"role": "user", "content": prompt},
-                {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": f"call{i}", "content": result},
-                {"role": "assistant", "content": answer},
-            ],
-        })  # fmt: skip
+        earlier = []
+        if i % MULTI_TURN == MULTI_TURN - 1:
+            earlier = _exchange(rng, rng.choice(TOOLS)["function"]["name"], f"call{i}a")
+        rows.append({"tools": TOOLS, "messages": [*earlier, *_exchange(rng, name, f"call{i}")]})
     return rows
 
 
