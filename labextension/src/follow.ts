@@ -1,15 +1,12 @@
 // Following one run through the server extension's REST API alone (no notebook, no kernel): its status and
 // its metrics, read incrementally from the run directory's metrics.jsonl (the server's one metrics reader),
-// and the charts drawn from them. The run's page (runpage.ts) and a notebook view whose kernel is gone
-// (runview.ts) both show a run this way.
+// for the head line (state, step, time left, loss). The run's page (runpage.ts) and a notebook view whose
+// kernel is gone (runview.ts) both show a run this way, with the dashboard's own figure (runfigure.ts).
 import { Widget } from '@lumino/widgets';
 
 import { IRunInfo, requestAPI } from './api';
 import {
-  axisLabel,
-  chartGeometry,
   chipState,
-  ISeries,
   progressFraction,
   progressLine,
   stepsText,
@@ -18,13 +15,6 @@ import {
 
 export const POLL_MS = 2000; // while the run is active; an ended run is read every ENDED_POLL_MS (it may resume)
 export const ENDED_POLL_MS = 10000;
-
-// Each chart: its title and the metrics it draws (the first one's colour leads).
-export const CHARTS: { title: string; keys: string[]; fromZero: boolean }[] = [
-  { title: 'loss', keys: ['loss', 'eval_loss'], fromZero: false },
-  { title: 'learning rate', keys: ['lr', 'learning_rate'], fromZero: true },
-  { title: 'throughput (tokens/s)', keys: ['tokens_per_s'], fromZero: true }
-];
 
 interface IMetrics {
   records: { [key: string]: unknown }[];
@@ -86,51 +76,6 @@ export class RunFollower {
 export function shownStep(run: IRunInfo, points: Points): number {
   const logged = Math.max(0, ...Object.values(points).map(p => (p.length ? p[p.length - 1][0] : 0)));
   return run.done ? run.step : Math.max(run.step, logged);
-}
-
-/** The chart boxes (one per CHARTS entry) to put in a container, each an SVG of ``w`` x ``h``. */
-export function chartBoxes(w: number, h: number): HTMLElement[] {
-  return CHARTS.map(chart => {
-    const box = document.createElement('div');
-    box.className = 'nbtrain-page-chart';
-    box.dataset.chart = chart.title;
-    box.innerHTML = `<div class="nbtrain-page-chart-title"></div>
-      <svg width="${w}" height="${h}" viewBox="0 0 ${w} ${h}" preserveAspectRatio="none"></svg>
-      <div class="nbtrain-page-axis"><span class="nbtrain-page-ymin"></span>
-        <span class="nbtrain-page-ymax"></span><span class="nbtrain-page-xmax"></span></div>`;
-    box.querySelector('.nbtrain-page-chart-title')!.textContent = chart.title;
-    return box;
-  });
-}
-
-/** Draw every chart box under ``node`` from ``points``. */
-export function renderCharts(node: HTMLElement, points: Points, w: number, h: number): void {
-  for (const chart of CHARTS) {
-    const box = node.querySelector<HTMLElement>(`.nbtrain-page-chart[data-chart="${chart.title}"]`);
-    if (!box) {
-      continue;
-    }
-    const series: ISeries[] = chart.keys
-      .filter(k => points[k]?.length)
-      .map(k => ({ name: k, points: points[k] }));
-    const g = chartGeometry(series, w, h, chart.fromZero);
-    box.querySelector('svg')!.innerHTML = g.paths
-      .map(
-        (d, i) =>
-          `<path class="nbtrain-page-line nbtrain-page-line-${i}" data-metric="${series[i].name}" d="${d}"/>`
-      )
-      .join('');
-    const empty = series.length === 0;
-    box.classList.toggle('nbtrain-page-chart-empty', empty);
-    (box.querySelector('.nbtrain-page-ymin') as HTMLElement).textContent = empty ? '' : axisLabel(g.yMin);
-    (box.querySelector('.nbtrain-page-ymax') as HTMLElement).textContent = empty ? '' : axisLabel(g.yMax);
-    (box.querySelector('.nbtrain-page-xmax') as HTMLElement).textContent = empty
-      ? 'no points yet'
-      : `step ${g.xMax}`;
-    const names = series.map(s => s.name).join(', ');
-    (box.querySelector('.nbtrain-page-chart-title') as HTMLElement).textContent =
-      series.length > 1 ? `${chart.title} (${names})` : chart.title;
-  }
 }
 
 /** The head both show: name, state, steps, loss, then ``buttons`` at the right. */

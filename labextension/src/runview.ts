@@ -8,8 +8,9 @@
 // Re-attach gives the run a live view again, in a new cell below (a `%finetune attach`, as the sidebar's
 // Dashboard button does).
 import { IRunInfo } from './api';
-import { chartBoxes, ENDED_POLL_MS, FollowedRun, headHTML, POLL_MS, renderCharts, RunFollower } from './follow';
+import { ENDED_POLL_MS, FollowedRun, headHTML, POLL_MS, RunFollower } from './follow';
 import { progressFraction, stepsText } from './logic';
+import { RunFigure } from './runfigure';
 
 export const RUN_VIEW_MIME = 'application/vnd.nbtrain.run-view+json';
 // Asks the sidebar's plugin (index.ts) to open a run's page: a MIME renderer has no shell of its own.
@@ -25,8 +26,6 @@ export interface IAttachRequest {
 }
 
 const HIDDEN_MS = 500;
-const CHART_W = 240;
-const CHART_H = 90;
 
 interface IRunViewData {
   run_id: string;
@@ -57,12 +56,11 @@ export class RunView extends FollowedRun {
     this.node.innerHTML = `${headHTML('<button class="jp-mod-styled nbtrain-view-page">Open page</button>')}
       <div class="nbtrain-progress"><div class="nbtrain-progress-bar"></div></div>
       <div class="nbtrain-error"></div>
-      <div class="nbtrain-page-charts"></div>
+      <div class="nbtrain-page-figure"></div>
       <div class="nbtrain-view-foot"><span class="nbtrain-page-updated"></span>
         <button class="nbtrain-view-attach" title="show this run live again, in a new cell below">Re-attach</button>
         <span class="nbtrain-view-attach-note"></span>
       </div>`;
-    this.q('.nbtrain-page-charts').append(...chartBoxes(CHART_W, CHART_H));
     this.q('.nbtrain-view-page').addEventListener('click', () => {
       if (this._follower) {
         const detail = { runId: this._follower.runId, name: this._name };
@@ -90,6 +88,9 @@ export class RunView extends FollowedRun {
         this._first(data);
       }
       this._follower = new RunFollower(data.run_id);
+      this._figure?.dispose();
+      // the dashboard's own figure, as the run's page draws it (one chart mechanism: runfigure.ts)
+      this._figure = new RunFigure(data.run_id, this.q('.nbtrain-page-figure'));
       window.clearTimeout(this.timer);
       await this._tick();
     }
@@ -108,6 +109,7 @@ export class RunView extends FollowedRun {
       try {
         const run = await follower.read();
         done = run.done;
+        await this._figure?.update();
         const w = this._watch;
         this.node.classList.toggle('nbtrain-went-on', !!w && (run.state !== w.state || run.step !== w.step));
         this._render(run);
@@ -169,10 +171,16 @@ export class RunView extends FollowedRun {
   private _render(run: IRunInfo): void {
     this._name = run.name;
     this.renderHead(run, this._follower!.points);
-    renderCharts(this.node, this._follower!.points, CHART_W, CHART_H);
+  }
+
+  dispose(): void {
+    this._figure?.dispose();
+    this._figure = null;
+    super.dispose();
   }
 
   private _follower: RunFollower | null = null;
+  private _figure: RunFigure | null = null;
   private _watch: { state: string; step: number } | null = null;
   private _data: IRunViewData | null = null;
   private _name = '';

@@ -5,9 +5,7 @@ import { test } from 'node:test';
 import {
   activeRunsText,
   attachSource,
-  axisLabel,
   carryControls,
-  chartGeometry,
   chipState,
   completeFinetune,
   gpuTooltip,
@@ -195,28 +193,6 @@ test('the attach cell loads the extension first unless the kernel has the magics
   assert.equal(attachSource('r-1', true), '%finetune attach r-1');
   assert.equal(attachSource('r-1', false), '%load_ext nbtrain\n%finetune attach r-1');
   assert.equal(attachSource('r-1', null), '%load_ext nbtrain\n%finetune attach r-1');
-});
-
-test('the run page charts share axes over every series and leave out values that are not finite', () => {
-  const g = chartGeometry(
-    [
-      { name: 'loss', points: [[1, 4], [2, 2], [3, NaN], [4, 1]] },
-      { name: 'eval_loss', points: [[2, 3]] }
-    ],
-    100,
-    50
-  );
-  assert.equal(g.xMax, 4);
-  assert.equal(g.yMin, 1);
-  assert.equal(g.yMax, 4);
-  assert.equal(g.paths[0], 'M25.0 2.0 L50.0 32.7 L100.0 48.0');
-  assert.equal(g.paths[1], ''); // one point: no line yet
-  assert.equal(chartGeometry([{ name: 'tokens', points: [[1, 5], [2, 10]] }], 10, 10, true).yMin, 0);
-  assert.deepEqual(chartGeometry([{ name: 'x', points: [] }], 10, 10).paths, ['']);
-  assert.deepEqual(
-    [12345, 1500, 0.52, 0.0003, 0].map(axisLabel),
-    ['12k', '1.5k', '0.52', '3e-4', '0']
-  );
 });
 
 test('a view with no logged step says what the run is doing, in the dashboard\'s words', () => {

@@ -261,7 +261,11 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         expect(first_view.locator(".nbtrain-page-updated")).to_contain_text(
             re.compile(r"live view lost at step \d+: following the run directory")
         )
-        expect(first_view.locator(".nbtrain-page-chart[data-chart='loss'] path")).to_have_count(1)
+        # the dashboard's own figure (as the run page draws it), its loss curve among its traces
+        figure = first_view.locator(".nbtrain-page-figure .js-plotly-plot")
+        expect(figure).to_be_visible(timeout=20_000)
+        keys = figure.evaluate("gd => gd.data.map(t => (t.meta || []).join(':'))")
+        assert "metric:loss" in keys, keys
         cells.nth(1).scroll_into_view_if_needed()
         page.screenshot(path=str(shots / "reloaded.png"))
         page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click()
