@@ -8,6 +8,10 @@ import { ENDED_POLL_MS, POLL_MS } from './follow';
 import { stepsText } from './logic';
 
 export const RECORD_MIME = 'application/vnd.nbtrain.run+json';
+const RECORD_MARK =
+  '<svg width="10" height="12" viewBox="0 0 10 12" aria-hidden="true" style="vertical-align:-1px">' +
+  '<rect x="0.75" y="1.75" width="8.5" height="9.5" rx="1.5" fill="none" stroke="currentColor" ' +
+  'stroke-width="1.2"/><rect x="3" y="0.5" width="4" height="2.5" rx="0.8" fill="currentColor"/></svg>';
 
 interface IRecord {
   id: string;
@@ -23,7 +27,10 @@ export class RecordLine extends Widget {
   constructor() {
     super();
     this.addClass('nbtrain-record');
-    this.node.innerHTML = '<span class="nbtrain-record-saved"></span> <span class="nbtrain-record-now"></span>';
+    // a clipboard drawn inline (as the record's HTML fallback draws it, grading.RECORD_MARK): an emoji shows
+    // as an empty box where no emoji font is installed (headless Chromium, many Linux desktops)
+    this.node.innerHTML =
+      `${RECORD_MARK} <span class="nbtrain-record-saved"></span> <span class="nbtrain-record-now"></span>`;
   }
 
   async renderModel(model: IMimeModel): Promise<void> {
@@ -36,7 +43,7 @@ export class RecordLine extends Widget {
     const plain = model.data['text/plain'];
     const line = typeof plain === 'string' ? plain : `nbtrain run record ${rec.id}`;
     (this.node.querySelector('.nbtrain-record-saved') as HTMLElement).textContent =
-      `\u{1F4CB} ${line} (saved with this notebook)`;
+      `${line} (saved with this notebook)`;
     window.clearTimeout(this._timer);
     await this._tick();
   }

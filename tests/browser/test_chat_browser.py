@@ -208,7 +208,7 @@ def test_a_chat_with_a_notebook_function_asks_runs_it_and_shows_a_failing_ones_t
             "broken.__name__ = 'get_weather'  # the same tool, as the model knows it, that fails\n"
             f"w = nbtrain.get_run({str(run)!r}).chat(tools=[broken], confirm_tools=False, max_tokens=40)\n"
             "w.clear()  # a new conversation: the model was taught single requests\nw",
-            'w.clear()\nw.max_tokens.value = 6  # the call begins and is cut off\nw.send("Weather in Paris?")',
+            'w.clear()\nw.max_tokens.value = 6  # the call begins, cut off\nw.send("Weather in Paris?")',
         ],
     )
     with lab_page(lab, "lab/tree/tools.ipynb", {"width": 1000, "height": 1000}) as (_, page, errors):

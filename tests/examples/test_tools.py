@@ -27,9 +27,10 @@ def test_parse_call_reads_the_first_well_formed_call_only() -> None:
 
 @pytest.fixture(scope="module")
 def tools_run(labs: Callable[[str], Lab]) -> dict[str, Any]:
-    """Lab 7's run: SmolLM2 with the tools template, LoRA-trained on 600 whole tool conversations (the
-    request, the call, the function's result and the answer from it; 20 steps), trained once for the lab's
-    test and these; with held-out requests no training row makes and the model's accuracy on them before."""
+    """Lab 7's run: SmolLM2 with the tools template, LoRA-trained on tool_rows(600) (whole tool conversations:
+    the request, the call, the function's result and the answer from it, every fifth going on to a second
+    request; 20 steps), trained once for the lab's test and these; with held-out requests no training row
+    makes and the model's accuracy on them before."""
     lab = labs("07_agent")
     rows = tool_rows(600, seed=0)
     data = (lab.dir / "data" / "tools.jsonl").read_text(encoding="utf-8")
