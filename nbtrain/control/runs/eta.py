@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from nbtrain.control.config import trainargs
 from nbtrain.control.runs.metrics import FloatArray
 from nbtrain.control.runs.run import RunStatus
 
@@ -54,11 +55,11 @@ def loss_every(train_args: Mapping[str, Any] | None, max_steps: int | None) -> i
     fraction of the run below 1 (as transformers reads it), 1 with ``logging_first_step`` for the first
     one; None when it logs none by steps (``logging_strategy`` no or epoch)."""
     args = train_args or {}
-    if str(args.get("logging_strategy", "steps")).lower() != "steps":
+    if str(trainargs.value(args, "logging_strategy")).lower() != "steps":
         return None
-    if args.get("logging_first_step") is True:
+    if trainargs.value(args, "logging_first_step") is True:
         return 1
-    every = args.get("logging_steps", 500)  # transformers' default
+    every = trainargs.value(args, "logging_steps")
     if isinstance(every, bool) or not isinstance(every, (int, float)) or every <= 0:
         return None
     if every < 1:

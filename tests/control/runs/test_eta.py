@@ -79,15 +79,15 @@ def test_logging_steps_past_the_last_step_says_no_loss_is_logged() -> None:
     assert left.text == "4 min 54 s left"
 
 
-def test_loss_every_reads_the_train_args_as_transformers_does() -> None:
+def test_loss_every_reads_the_train_args_as_the_trainer_does() -> None:
     assert loss_every({"logging_steps": 5}, 100) == 5
     assert loss_every({"logging_steps": 0.1}, 95) == 10  # a fraction of the run, rounded up
     assert loss_every({"logging_steps": 50, "logging_first_step": True}, 100) == 1
-    assert loss_every({}, 100) == 500  # transformers' default
+    assert loss_every({}, 100) == 10  # TRL's default (SFTConfig's, not transformers' 500): trainargs.value
     assert loss_every({"logging_strategy": "epoch", "logging_steps": 5}, 100) is None
     assert loss_every({"logging_strategy": "no"}, 100) is None
     assert loss_every({"logging_steps": "five"}, 100) is None
-    assert loss_every(None, 100) == 500
+    assert loss_every(None, 100) == 10
 
 
 def test_records_timing_needs_four_intervals_and_leaves_out_a_pause() -> None:
