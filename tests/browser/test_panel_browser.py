@@ -275,8 +275,12 @@ def test_a_kernel_restart_mid_run_leaves_live_views_and_the_panel_says_how_to_ge
         panel.locator("input[placeholder='./model-dir or org/name']").fill("./elsewhere")
         panel.locator("input[placeholder='run id or name, or a .yaml file']").fill("keep.yaml")
         panel.locator("button", has_text="Load").click()
-        expect(panel).to_contain_text("loaded the form from keep.yaml", timeout=10_000)
+        # said beside Load, where the user looks (the status line is at the form's end)
+        expect(panel.locator(".nbtrain-load-done")).to_have_text(
+            "loaded the form from keep.yaml", timeout=10_000
+        )
         expect(panel.locator("input[placeholder='./model-dir or org/name']")).to_have_value("./tiny-llama")
+        panel.screenshot(path=str(shots / "panel-loaded.png"))
 
         # Re-attach in the run's view: a new cell right below the run's cell shows it live (here: its final
         # figure)

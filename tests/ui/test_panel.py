@@ -576,7 +576,9 @@ def test_launch_starts_a_real_run_that_completes(workdir: Path, make_panel: type
     assert isinstance(p.view, Dashboard) and p.view.run == run
     assert p.live.children == (p.view.box,) and p.view.fig in p.view.box.children
     assert run.id in p.status_message
-    assert not p.stop_button.disabled  # the run is active
+    # the run is active: Stop is on (unless the warm-started 3-step run has already ended and its watch
+    # turned Stop off again, which the wait below checks)
+    assert not p.stop_button.disabled or run.status().done, run.status().describe()
     st = run.wait(timeout=180)
     assert st.state == "completed" and st.step == 3
     assert api.last_run() == run
@@ -691,6 +693,9 @@ def test_load_fills_the_form_from_a_runs_config(workdir: Path, make_panel: type[
     p.load_ref.value = "adder"
     p.load_button.click()
     assert p.general_errors == [] and run.id in p.status_message
+    # said beside Load too (the status line is at the form's end, steps below)
+    note = p.load_note.value
+    assert "nbtrain-load-done" in note and f"loaded the config of run {run.id}" in note
     d = p.to_dict()
     assert d["model"] == str((workdir / "tiny-llama").resolve()) and d["data"]["train"] == str(
         workdir / "data/add.jsonl"
@@ -717,6 +722,8 @@ def test_load_of_an_unknown_run_shows_the_error(make_panel: type[ConfigPanel]) -
     p.load_ref.value = "no-such-run"
     p.load_button.click()
     assert len(p.general_errors) == 1 and p.general_errors[0].startswith("no run matches 'no-such-run'")
+    note = p.load_note.value
+    assert "nbtrain-load-failed" in note and "no run matches &#x27;no-such-run&#x27;" in note
     p.load_ref.value = ""
     p.load_button.click()
     assert p.general_errors == ["type a run id, id prefix or name, or a .yaml file, next to Load"]

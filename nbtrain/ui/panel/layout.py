@@ -70,6 +70,7 @@ def page(
     steps: Mapping[str, Any],
     *,
     load: Sequence[Any],
+    load_note: Any,
     yaml_view: Any,
     save: Any,
     preview: Any,
@@ -84,6 +85,7 @@ def page(
         [
             widgets.HTML(_side_title("Start from a run or a file", "fill the form with its config")),
             load_row,
+            load_note,
             widgets.HTML(_side_title("YAML", "what a %%finetune cell would hold")),
             yaml_view,
             widgets.HTML(_side_title("Save the form", "to a YAML file beside the notebook")),

@@ -35,6 +35,9 @@ CSS = f"""<style>
 .nbtrain-buttons button {{flex:1 1 0; width:auto; min-width:0}}
 .nbtrain-status {{margin:4px 0 0 {LABEL_WIDTH + 8}px; font-size:12px; line-height:1.4;
   color:var(--jp-ui-font-color1, #424242)}}
+.nbtrain-load-note {{margin:2px 0 4px; font-size:12px; line-height:1.4; overflow-wrap:anywhere}}
+.nbtrain-load-done {{color:#2e7d32}}
+.nbtrain-load-failed {{color:#b3261e}}
 .nbtrain-panel button:disabled {{filter:grayscale(100%); opacity:0.45 !important;
   cursor:not-allowed !important; box-shadow:none !important}}
 .nbtrain-plan {{margin:6px 0 2px {LABEL_WIDTH}px; padding:4px 8px; font-size:12px; line-height:1.5;

@@ -131,7 +131,8 @@ class ConfigPanel:
         self.launch_button.on_click(self._guard(self._launch))
         self.stop_button.on_click(self._guard(self.run_area.stop))
         self.to_cell_button.on_click(self._guard(self.to_cell.click))
-        self.load_button.on_click(self._guard(self._load))
+        self.load_note = widgets.HTML()  # what Load did, beside it (the status line is steps below)
+        self.load_button.on_click(self._load_clicked)
         for f in self.spec:
             self.fields[f.path].observe(self._changed_handler(f.path), names="value")
         self.data_help = widgets.HTML("")
@@ -200,6 +201,7 @@ class ConfigPanel:
         return page(
             self.steps,
             load=[self.load_ref, self.load_button],
+            load_note=self.load_note,
             yaml_view=self.yaml_view,
             save=self.save_row.widget,
             preview=self.preview,
@@ -655,6 +657,14 @@ class ConfigPanel:
         run = start.start(prep)
         self.run_area.show(run)
         self._action(None, f"started run {run.id} ({run.name})")
+
+    def _load_clicked(self, button: Any) -> None:
+        self.load_note.value = ""
+        self._guard(self._load)(button)
+        with self._lock:
+            said, failed = self._action_error or self.status_message, self._action_error is not None
+        kind = "nbtrain-load-failed" if failed else "nbtrain-load-done"
+        self.load_note.value = f"<div class='nbtrain-load-note {kind}'>{html.escape(said or '')}</div>"
 
     def _load(self) -> None:
         ref = self.load_ref.value.strip()
