@@ -144,6 +144,11 @@ def test_panel_form_and_to_cell_inserts_a_runnable_cell_at_once(
         assert new.locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
         assert "Error" not in new.locator(".jp-Cell-outputWrapper").inner_text()
         page.screenshot(path=str(shots / "to-cell-ran.png"))
+        # the header line lies under plotly's tool bar (shown on hover), not under its buttons
+        plot = new.locator(".js-plotly-plot >> visible=true")
+        plot.hover(position={"x": 300, "y": 300})
+        head, bar = plot.locator(".gtitle").bounding_box(), plot.locator(".modebar").bounding_box()
+        assert head and bar and head["y"] >= bar["y"] + bar["height"] - 1, (head, bar)
 
         # a newcomer's empty form: the planned values from the first moment, not TRL's 2e-05 / -1 / 3.0
         cells.nth(3).locator(".cm-content").click()

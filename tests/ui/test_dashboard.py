@@ -271,7 +271,7 @@ def test_the_live_figure_and_the_static_one_it_turns_into_have_one_size(
     dash.thread.join(TIMEOUT)
     static = displayed[0].bundles[-1][PLOTLY_MIME]["layout"]
     # set, not left to the frontend (a widget is drawn 700 px wide, a static figure as wide as its output)
-    assert (static["height"], static["width"]) == (live.height, live.width) == (780, FIGURE_WIDTH)
+    assert (static["height"], static["width"]) == (live.height, live.width) == (796, FIGURE_WIDTH)
     assert static["margin"] == live.margin.to_plotly_json()
     assert static["title"]["y"] == live.title.y  # the same header in the same place, title and bar
     assert static["template"] == live.template.to_plotly_json()

@@ -24,11 +24,14 @@ from nbtrain.ui.figures.theme import AXIS_LINE, GRID, INK, MUTED, RUNNING_COLOR,
 if TYPE_CHECKING:
     from nbtrain.control.runs.run import RunStatus
 
-# Where the header's parts lie, in pixels from the figure's top (its margin is panels.MARGIN).
-TITLE_Y_PX = 12  # the header line, from the top
-BAR_Y_PX = 42  # the progress bar under it
+# Where the header's parts lie, in pixels from the figure's top (its margin is panels.MARGIN). The header
+# line starts under plotly's tool bar (the modebar: top right, about 26 px high, shown on hover), which drew
+# over the line's end when both shared the top row.
+MODEBAR_PX = 28  # the tool bar's row, kept clear
+TITLE_Y_PX = MODEBAR_PX  # the header line, from the top
+BAR_Y_PX = TITLE_Y_PX + 30  # the progress bar under it
 BAR_H_PX = 5
-ERROR_Y_PX = 54  # an error line under the bar
+ERROR_Y_PX = BAR_Y_PX + 12  # an error line under the bar
 
 
 def fmt(v: float | None) -> str:

@@ -41,9 +41,9 @@ MEMORY_STYLE = {  # key -> (legend label, line dash)
 # set, not left to the frontend: a FigureWidget is drawn before its output has a width (plotly's 700 px
 # then) while a static figure fills its output, so an unset width changed when the view turned static.
 FIGURE_WIDTH = 920
-FIGURE_HEIGHT_BASE = 780  # three rows of panels
+FIGURE_HEIGHT_BASE = 796  # three rows of panels
 FIGURE_HEIGHT_PER_EXTRA_ROW = 230
-MARGIN = {"l": 64, "r": 24, "t": 112, "b": 44}
+MARGIN = {"l": 64, "r": 24, "t": 128, "b": 44}  # t: the header (figures.header), tool bar row first
 ROW_GAP_PX = 100  # x tick labels + "step" + the next panel's title and legend line
 LEGEND_ROW_PX = 20  # a panel's legend: a line between its title and its plot
 
