@@ -109,12 +109,16 @@ export class RunView extends FollowedRun {
       try {
         const run = await follower.read();
         done = run.done;
-        await this._figure?.update();
         const w = this._watch;
         this.node.classList.toggle('nbtrain-went-on', !!w && (run.state !== w.state || run.step !== w.step));
         this._render(run);
         this.q('.nbtrain-page-updated').textContent =
           `${this._lost()}: following the run directory · read at ${follower.lastRead}`;
+        // the head first (state, step, time left), then the figure, which takes the server longer to build;
+        // not for a watch still hidden under the final figure (nothing to draw it in)
+        if (this.node.offsetParent !== null) {
+          await this._figure?.update();
+        }
       } catch (e) {
         this.q('.nbtrain-page-updated').textContent = follower.unreachable(e);
       }
