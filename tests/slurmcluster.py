@@ -220,8 +220,10 @@ class Cluster:
             check=check, timeout=60,
         )  # fmt: skip
 
-    def jobs(self) -> list[str]:
-        return self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+    def jobs(self, partition: str | None = None) -> list[str]:
+        """The ids of the jobs queued or running (in ``partition`` only, where given)."""
+        where = ["-p", partition] if partition else []
+        return self.run("squeue", "-h", "-o", "%i", *where, check=False).stdout.split()
 
     # ------------------------------------------------------------------------------------- stop
     def stop(self) -> None:
