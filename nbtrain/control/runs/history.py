@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from nbtrain.contract.rundir import RunPaths, read_json
+from nbtrain.contract.rundir import MAX_JSON_BYTES, RunPaths, read_json
 from nbtrain.control.runs import registry
 
 LOOK_AT: Final = 50  # the newest runs read, at most
@@ -43,11 +43,14 @@ def step_time(want: tuple[Any, ...]) -> Timed | None:
     """The newest completed run of ``kind`` ``want`` here, and its seconds a step; None when there is none."""
     for row in reversed(registry.rows()[-LOOK_AT:]):
         paths = RunPaths(Path(row.run_dir))
-        try:
-            status = read_json(paths.status)
-            if status.get("state") != "completed" or kind(read_json(paths.resolved)) != want:
+        try:  # bounded, regular files inside the run directory: what every other reader of them asks
+            status = read_json(paths.status, max_bytes=MAX_JSON_BYTES, below=paths.root)
+            if not isinstance(status, dict) or status.get("state") != "completed":
                 continue
-        except (OSError, ValueError):
+            resolved = read_json(paths.resolved, max_bytes=MAX_JSON_BYTES, below=paths.root)
+            if not isinstance(resolved, dict) or kind(resolved) != want:
+                continue
+        except (OSError, ValueError, AttributeError):
             continue
         runtime, steps = (status.get("summary") or {}).get("train_runtime"), status.get("step")
         if isinstance(runtime, (int, float)) and isinstance(steps, int) and steps > 0 and runtime > 0:
