@@ -28,8 +28,8 @@ the widget code still loading), the guard's style hides the widget's output and 
 does once the kernel is lost (Kernel > Restart, a kernel that died or was shut down): ipywidgets 8 keeps
 drawing the widget as it last was, with a broken-link icon, so the lab extension marks its output
 (``KERNEL_LOST_CLASS``, labextension/src/kernellost.ts) and both styles treat it as not drawn.
-When the run ends the widget output becomes the static figure of the final state, the snapshot and the
-guard become empty and the widgets are closed: the saved notebook, any viewer without the kernel, and
+When the run ends the guard and the snapshot become empty, then (in that order, so the guard never
+hides it) the widget output becomes the static figure of the final state and the widgets are closed: the saved notebook, any viewer without the kernel, and
 an untrusted notebook all show the final chart and no widget reference.
 
 The snapshot of a run that goes on also carries ``RUN_VIEW_MIME``: the run's id, which nbtrain's lab
@@ -478,11 +478,13 @@ class Dashboard:
         """After the final widget update: leave a static figure of the final state in the output."""
         with self._lock:
             if self._out is not None:
-                self._out.update(self._static(st))
-                if self._snap is not None:
-                    self._snap.update(self._watch_bundle(st))
+                # the guard and the snapshot first: the guard hides an output without a live widget, so
+                # the other way round the final figure would be hidden until the guard's update came
                 if self._guard is not None:
                     self._guard.update({"text/html": "", "text/plain": ""})
+                if self._snap is not None:
+                    self._snap.update(self._watch_bundle(st))
+                self._out.update(self._static(st))
                 self._close_widgets()
             self.finished = True
             self._watch_for_restart(st)

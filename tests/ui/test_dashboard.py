@@ -80,18 +80,22 @@ def bar(dash: Dashboard) -> Any:
 
 
 class FakeHandle:
+    sent: list[tuple[FakeHandle, dict[str, Any]]] = []  # every update of every handle, in the order sent
+
     def __init__(self, bundle: dict[str, Any]) -> None:
         self.bundles = [bundle]
 
     def update(self, bundle: dict[str, Any], raw: bool = False, metadata: Any = None) -> None:
         assert raw
         self.bundles.append(bundle)
+        FakeHandle.sent.append((self, bundle))
 
 
 @pytest.fixture
 def displayed(monkeypatch: pytest.MonkeyPatch) -> list[FakeHandle]:
     """What the dashboard displays, as a frontend would receive it (display and update_display)."""
     handles: list[FakeHandle] = []
+    FakeHandle.sent.clear()
 
     def display(
         bundle: dict[str, Any], raw: bool = False, display_id: bool = False, metadata: Any = None
@@ -430,6 +434,10 @@ def test_show_displays_the_widget_with_a_static_snapshot_then_leaves_a_static_fi
     assert RUN_VIEW_MIME not in final  # completed: nothing more can happen to it, the figure is the view
     assert "cdn.plot.ly" in final["text/html"]
     assert snap.bundles[-1]["text/html"] == guard.bundles[-1]["text/html"] == ""
+    # and the final figure is never hidden on its way: the guard (which hides an output holding no live
+    # widget) and the snapshot are emptied before the widget's output turns static, not after
+    ending = [h for h, _ in FakeHandle.sent[-3:]]
+    assert ending == [guard, snap, handle], ending
     # the widgets are closed: their models are freed in the kernel and the frontend
     assert dash.fig is not None and dash.fig.comm is None and dash.box.comm is None
     assert len(trace(dash, "loss").x) == 7
