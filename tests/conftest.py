@@ -375,3 +375,22 @@ def slurm_cluster() -> Iterator[Any]:
         else:
             os.environ["SLURM_CONF"] = old
         c.stop()
+
+
+@pytest.hookimpl(trylast=True)  # after the --durations table, so it ends the output CI shows
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Where the suite's time went, by test file (setup, call and teardown summed), the slowest first: the
+    suite has a time budget (make test within 45 minutes on 2 cores), and a module's module-scoped fixtures
+    land in whichever of its tests runs first, which the per-test --durations table splits up."""
+    if not config.getoption("durations", None):
+        return
+    per_file: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if isinstance(rep, pytest.TestReport):
+                path = rep.nodeid.split("::")[0]
+                per_file[path] = per_file.get(path, 0.0) + rep.duration
+    total = sum(per_file.values())
+    terminalreporter.write_sep("=", f"time by test file (top 30 of {len(per_file)}, {total:.0f} s in all)")
+    for path, secs in sorted(per_file.items(), key=lambda kv: -kv[1])[:30]:
+        terminalreporter.write_line(f"{secs:8.1f}s  {path}")
