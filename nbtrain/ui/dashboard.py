@@ -29,8 +29,9 @@ does once the kernel is lost (Kernel > Restart, a kernel that died or was shut d
 drawing the widget as it last was, with a broken-link icon, so the lab extension marks its output
 (``KERNEL_LOST_CLASS``, labextension/src/kernellost.ts) and both styles treat it as not drawn.
 When the run ends the guard and the snapshot become empty, then (in that order, so the guard never
-hides it) the widget output becomes the static figure of the final state and the widgets are closed: the saved notebook, any viewer without the kernel, and
-an untrusted notebook all show the final chart and no widget reference.
+hides it) the widget output becomes the static figure of the final state and the widgets are closed: the
+saved notebook, any viewer without the kernel, and an untrusted notebook all show the final chart and no
+widget reference.
 
 The snapshot of a run that goes on also carries ``RUN_VIEW_MIME``: the run's id, which nbtrain's lab
 extension renders instead of the figure as a view that follows the run through the server extension

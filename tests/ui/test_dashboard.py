@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -80,7 +80,8 @@ def bar(dash: Dashboard) -> Any:
 
 
 class FakeHandle:
-    sent: list[tuple[FakeHandle, dict[str, Any]]] = []  # every update of every handle, in the order sent
+    # every update of every handle, in the order sent
+    sent: ClassVar[list[tuple[FakeHandle, dict[str, Any]]]] = []
 
     def __init__(self, bundle: dict[str, Any]) -> None:
         self.bundles = [bundle]
