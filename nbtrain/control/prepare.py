@@ -71,6 +71,10 @@ class Prepared:
     preset: Preset | None = None  # the lab preset in force (with the required course presets it chains)
     # a GGUF model: the file, its sha256 and the folder the worker converts it into (control/gguf.source)
     gguf: dict[str, Any] | None = None
+    # a sweep's trial: torch threads for its CPU process (the cores shared out among the trials at once), and
+    # which sweep and trial it is ({id, dir, trial}: views group the trial's run under its sweep)
+    threads: int | None = None
+    sweep: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -109,6 +113,8 @@ class Prepared:
             "estimate": self.plan.estimate,
             "notes": r.notes,
             "probe": self.probe,
+            "threads": self.threads,
+            "sweep": self.sweep,
         }
 
     def summary(self) -> str:

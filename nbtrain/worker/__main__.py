@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         use_trackers(paths, resolved)
         download_hub_files(paths, resolved, report=rank == 0)  # Hub model and data files, bytes in status
         use_converted(resolved, paths if rank == 0 else None)  # a GGUF model: its converted folder
+        if isinstance(resolved.get("threads"), int) and resolved["threads"] > 0:
+            import torch  # a sweep's trial: the cores shared out among the trials that run at once
+
+            torch.set_num_threads(resolved["threads"])
         recipe = recipe_for(resolved)(paths, resolved, stop)
         recipe.setup()
         outcome = recipe.train()

@@ -20,6 +20,7 @@ from nbtrain.control.config.schema.sections import (
     QuantSettings,
     RewardModelRef,
     Strict,
+    SweepSettings,
     VisionSettings,
 )
 
@@ -172,6 +173,13 @@ class RunConfig(Strict):
             "by steps only."
         ),
         examples=[10, 30, 0],
+    )
+    sweep: SweepSettings | None = Field(
+        None,
+        description=(
+            "Run this config as a sweep: trials that vary the keys of space:, chosen by grid, random or TPE "
+            "search, judged by a metric, pruned at evaluation points; each trial is a run."
+        ),
     )
     name: str | None = Field(
         None,

@@ -534,3 +534,160 @@ class RewardModelRef(Strict):
             "A reward model: an objective: reward run (its id, name or folder), a model folder, or a Hub id."
         ),
     )
+
+
+# ``sweep: space:``: a range is a mapping of one of these kinds to [low, high] (int kinds: [low, high, step]
+# too); a list is a set of choices (the only form grid search takes).
+SPACE_RANGES = ("uniform", "log_uniform", "int", "log_int")
+# Keys a sweep cannot vary: what names the runs and the sweep itself.
+SPACE_FIXED = ("sweep", "name", "resume")
+_SPACE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+
+
+def _space_entry(key: str, spec: Any) -> Any:
+    """One ``space:`` entry checked: ``[choices]`` or ``{KIND: [low, high]}``; a message naming the key."""
+    if not isinstance(key, str) or not _SPACE_KEY.match(key):
+        raise ValueError(
+            f"space key {key!r} is not a dotted config key (train.learning_rate, lora.r, data.eval_split)"
+        )
+    if key.split(".")[0] in SPACE_FIXED:
+        top = key.split(".")[0]
+        raise ValueError(f"space: {key} cannot be swept: each trial's {top}: is the sweep's own")
+    if isinstance(spec, list):
+        if not spec:
+            raise ValueError(f"space: {key}: an empty list of choices; give at least one value")
+        texts = [repr(v) for v in spec]
+        if len(set(texts)) != len(texts):
+            raise ValueError(f"space: {key}: a choice is listed twice ({spec})")
+        return spec
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise ValueError(
+            f"space: {key}: give a list of choices ([4, 8, 16]) or one range ({{log_uniform: [1e-5, 1e-3]}}; "
+            f"kinds: {', '.join(SPACE_RANGES)}), not {spec!r}"
+        )
+    ((kind, bounds),) = spec.items()
+    if kind not in SPACE_RANGES:
+        close = difflib.get_close_matches(str(kind), SPACE_RANGES, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"space: {key}: unknown range {kind!r}{hint}; kinds: {', '.join(SPACE_RANGES)}")
+    integer = kind in ("int", "log_int")
+    size = (2, 3) if integer else (2,)
+    ok = (int,) if integer else (int, float)
+    if (
+        not isinstance(bounds, list)
+        or len(bounds) not in size
+        or not all(isinstance(b, ok) and not isinstance(b, bool) for b in bounds)
+    ):
+        want = "[low, high] or [low, high, step] of whole numbers" if integer else "[low, high] of numbers"
+        raise ValueError(f"space: {key}: {kind} takes {want}, not {bounds!r}")
+    low, high = bounds[0], bounds[1]
+    if not low < high:
+        raise ValueError(f"space: {key}: {kind} [{low}, {high}]: low must be below high")
+    if kind.startswith("log") and low <= 0:
+        raise ValueError(f"space: {key}: {kind} needs a low above 0 (a log scale), not {low}")
+    if len(bounds) == 3 and (bounds[2] < 1 or kind == "log_int"):
+        raise ValueError(f"space: {key}: int's step is a whole number of at least 1 (log_int takes none)")
+    if not all(abs(b) < 1e15 for b in bounds):
+        raise ValueError(f"space: {key}: {kind} {bounds}: bounds beyond 1e15 are no setting")
+    return spec
+
+
+class SweepSettings(Strict):
+    """``sweep:``: a search over config keys; each trial is an ordinary run (nbtrain.control.sweep)."""
+
+    space: dict[str, Any] = Field(
+        min_length=1,
+        description=(
+            "What to vary, by dotted config key: a list of choices ([4, 8, 16]) or a range "
+            "({log_uniform: [1e-5, 1e-3]}, {uniform: [0, 0.1]}, {int: [1, 4]}, {log_int: [4, 64]})."
+        ),
+        examples=[{"train.learning_rate": {"log_uniform": [1e-5, 1e-3]}, "lora.r": [4, 8, 16]}],
+    )
+    method: Literal["grid", "random", "tpe"] = Field(
+        "tpe",
+        description=(
+            "How trials are chosen: tpe (Optuna's TPE, learns from finished trials), random, or grid (every "
+            "combination of the lists)."
+        ),
+    )
+    trials: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="How many trials to run (grid: every combination unless fewer are asked).",
+        examples=[12],
+    )
+    metric: str = Field(
+        "eval_loss",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_./-]*$",
+        description=(
+            "The logged metric a trial is judged by, its last value (eval_loss; any metric a run logs, "
+            "e.g. the eval_exact of hooks: compute_metrics)."
+        ),
+        examples=["eval_loss", "eval_exact"],
+    )
+    direction: Literal["minimize", "maximize"] | None = Field(
+        None, description="minimize or maximize the metric (default: minimize a loss; say it for others)."
+    )
+    prune: Literal["none", "median", "hyperband"] = Field(
+        "none",
+        description=(
+            "Stop bad trials at evaluation points: median (worse than the median of earlier trials at that "
+            "step) or hyperband (successive halving); none runs every trial to its end."
+        ),
+    )
+    at_once: int | Literal["auto"] = Field(
+        "auto",
+        description="Trials that run side by side: auto (what memory and cores allow), or a number.",
+        examples=["auto", 2],
+    )
+    seed: int = Field(0, description="The sampler's seed: the same seed proposes the same trials.")
+
+    @field_validator("space")
+    @classmethod
+    def _space_ok(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key, spec in v.items():
+            _space_entry(key, spec)
+        keys = sorted(v)
+        nested = [(a, b) for a in keys for b in keys if b.startswith(a + ".")]
+        if nested:
+            a, b = nested[0]
+            raise ValueError(f"space: {a} and {b}: one key inside the other; vary one of them")
+        return v
+
+    @field_validator("at_once")
+    @classmethod
+    def _at_once_ok(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 64:
+            raise ValueError("at_once is auto or a number of trials from 1 to 64")
+        return v
+
+    @model_validator(mode="after")
+    def _shape_ok(self) -> SweepSettings:
+        ranges = sorted(k for k, s in self.space.items() if isinstance(s, dict))
+        if self.method == "grid" and ranges:
+            raise ValueError(
+                f"method: grid takes lists of values; {ranges[0]} is a range: list the values, or use "
+                "method: random or tpe"
+            )
+        if self.method != "grid" and self.trials is None:
+            raise ValueError(f"method: {self.method} needs trials: (how many trials to run, e.g. 12)")
+        if self.direction is None and "loss" not in self.metric:
+            raise ValueError(
+                f"say whether {self.metric} is better high or low: direction: maximize (or minimize)"
+            )
+        return self
+
+    @property
+    def goal(self) -> str:
+        """minimize or maximize: a loss is minimised unless ``direction:`` says otherwise."""
+        return self.direction or "minimize"
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every combination of the lists, in order (method: grid)."""
+        combos: list[dict[str, Any]] = [{}]
+        for key, choices in self.space.items():
+            combos = [{**c, key: v} for c in combos for v in choices]
+        return combos
