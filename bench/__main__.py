@@ -185,6 +185,27 @@ def _serving(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _sweep(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """bench_sweep.py: one grid three ways (wall time, to the best trial, best eval_loss); TPE vs the grid."""
+    g, c, o, v = d["nbtrain_sweep"], d["cold_sequential"], d["optuna_bare_trl"], d["tpe_vs_grid"]
+    n = len(g["trials"])
+    text = (f"wall {g['wall_s']:.0f} s vs cold {c['wall_s']:.0f} s (**{_x(d['sweep_over_cold'])}**) vs "
+            f"Optuna {o['wall_s']:.0f} s ({_x(d['sweep_over_optuna'])}); to the best trial "
+            f"{g['to_best_s']:.0f} / {c['to_best_s']:.0f} / {o['to_best_s']:.0f} s; best eval_loss "
+            f"{g['best']['value']:.4f} / {c['best']['value']:.4f} / {o['best']['value']:.4f}; "
+            f"{g['at_once']} at once")  # fmt: skip
+    if v["tpe_reached"]:
+        tpe = (f"{v['tpe_to_grid_best_steps']} vs {v['grid_to_best_steps']} steps "
+               f"({_x(v['ratio_to_grid_best'])}; the whole grid {v['grid_steps_total']})")  # fmt: skip
+    else:
+        tpe = (f"not reached: TPE's best {v['tpe_best']['value']:.4f} vs {v['grid_best']:.4f}; "
+               f"{v['tpe_steps_total']} vs {v['grid_steps_total']} steps in all")  # fmt: skip
+    what = (f"sweep of {n} trials (tiny, {d['steps']} steps), nbtrain warm + at once / the same runs cold "
+            "one after another / Optuna + a bare TRL script")  # fmt: skip
+    reach = "TPE + median pruning vs the grid: steps trained to reach the grid's best eval_loss"
+    return [(what, text, "<= 0.50x the cold runs"), (reach, tpe, "")]
+
+
 def _real(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     """bench_real.py: SmolLM2-135M, the same LoRA job side by side; any subset of its systems."""
     m, mfu, rows = d["median"], d["mfu"], []
@@ -208,7 +229,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str]]]] = {
     "real": _real, "real_pair": _real, "real_mfu": _real, "real_watched": _real,
     "overhead": _overhead, "llamafactory": _llamafactory, "latency": _latency, "estimator": _estimator,
     "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu, "gpu_run1": _gpu,
-    "warm_jobs": _warm_jobs, "msswift": _msswift, "gguf": _gguf, "serving": _serving,
+    "warm_jobs": _warm_jobs, "msswift": _msswift, "gguf": _gguf, "serving": _serving, "sweep": _sweep,
 }  # fmt: skip
 
 
