@@ -31,6 +31,10 @@ _EXPORTS: dict[str, str] = {
     "runs": "nbtrain.ui.run",
     "last_run": "nbtrain.ui.run",
     "launch_function": "nbtrain.ui.run",
+    "Sweep": "nbtrain.ui.sweeps",
+    "sweep": "nbtrain.ui.sweeps",
+    "get_sweep": "nbtrain.ui.sweeps",
+    "sweeps": "nbtrain.ui.sweeps",
     "RunStatus": "nbtrain.control.runs.run",
     "Prepared": "nbtrain.control.start",
     "prepare": "nbtrain.control.start",
@@ -124,6 +128,7 @@ if TYPE_CHECKING:  # what static checkers and editors see; at run time __getattr
     from nbtrain.ui.estimate_chart import estimate
     from nbtrain.ui.preview import DataPreview, preview
     from nbtrain.ui.run import Run, finetune, get_run, last_run, launch_function, resume, runs, start
+    from nbtrain.ui.sweeps import Sweep, get_sweep, sweep, sweeps
     from nbtrain.worker.runlog import log, should_stop
 
 __all__ = [
@@ -139,6 +144,7 @@ __all__ = [
     "RunFailed",
     "RunNotFound",
     "RunStatus",
+    "Sweep",
     "ToolCallReport",
     "__version__",
     "accuracy",
@@ -151,6 +157,7 @@ __all__ = [
     "export",
     "finetune",
     "get_run",
+    "get_sweep",
     "last_run",
     "latest_accuracy",
     "latest_eval",
@@ -171,5 +178,7 @@ __all__ = [
     "runs",
     "should_stop",
     "start",
+    "sweep",
+    "sweeps",
     "tool_accuracy",
 ]

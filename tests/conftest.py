@@ -332,6 +332,41 @@ train:
 {extra}"""
 
 
+def sweep_yaml(lrs: str, steps: int, extra: str = "") -> str:
+    """A grid sweep of the learning rate on the tiny model, one trial at a time, judged by eval_loss."""
+    return f"""\
+model: ./tiny-llama
+name: lr
+data:
+  train: data/add.jsonl
+  eval_split: 0.1
+train:
+  max_steps: {steps}
+  per_device_train_batch_size: 4
+  logging_steps: 1
+sweep:
+  space:
+    train.learning_rate: {lrs}
+  method: grid
+  at_once: 1
+{extra}"""
+
+
+@pytest.fixture(scope="session")
+def pruned_sweep(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[tuple[Any, Any]]:
+    """A finished sweep of two trials, one after the other, pruned by the median: a learning rate that
+    trains, then one too small to move the loss, worse than the first at its first evaluation (the sweep's
+    tests and its views' share it: read it only)."""
+    from nbtrain.control.sweep.sweep import start_sweep
+
+    work = tmp_path_factory.mktemp("pruned-sweep")
+    (work / "tiny-llama").symlink_to(tiny_model)
+    write_dataset(work / "data" / "add.jsonl")
+    with runs_in(work):
+        s = start_sweep(sweep_yaml("[3.0e-3, 1.0e-9]", 20, "  prune: median\n"))
+        yield s, s.wait(timeout=240)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip gpu-marked tests where no NVIDIA GPU is visible (checked with NVML, never CUDA)."""
     from nbtrain.hardware import probe

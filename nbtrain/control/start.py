@@ -167,6 +167,11 @@ def start(prep: Prepared) -> Run:
     checkpoint, that run is resumed instead of starting over. A run the estimate says cannot fit is
     refused before anything is written, naming the smallest change that would fit.
     """
+    if prep.resolved.config.sweep is not None:
+        raise NbtrainError(
+            "this config has a sweep: section, which runs many trials: start it with nbtrain.sweep(config) "
+            "or a %%finetune cell (or leave sweep: out to start one run)"
+        )
     refusal = launch_refusal(prep) or (_cluster_cap_refusal(prep) if is_slurm(prep) else None)
     if refusal is not None:
         raise NbtrainError(refusal)

@@ -384,7 +384,7 @@ class Driver:
                 "run_id": t.user_attrs.get("run_id"),
                 "run_dir": t.user_attrs.get("run_dir"),
                 "value": t.value if t.state == TrialState.COMPLETE else None,
-                "last": a.last if a is not None else None,
+                "last": a.last if a is not None else _last(t.intermediate_values),
                 "reason": t.user_attrs.get("reason"),
                 "evaluations": {str(k): v for k, v in sorted(t.intermediate_values.items())},
             }
@@ -413,6 +413,10 @@ class Driver:
             "trials": trials,
             "best": trials[best]["number"] if best is not None else None,
         }
+
+
+def _last(values: dict[int, float]) -> float | None:
+    return values[max(values)] if values else None
 
 
 def _stop_quietly(run: Run, by: str) -> None:

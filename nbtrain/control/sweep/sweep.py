@@ -99,10 +99,12 @@ def start_sweep(
     *,
     name: str | None = None,
     namespace: Mapping[str, Any] | None = None,
+    prepared: Prepared | None = None,
 ) -> Sweep:
     """Check ``config`` (which has a ``sweep:`` section) and its space, then start its driver: trials run
-    as ordinary runs, ``at_once`` at a time. Nothing is written before every check passed."""
-    prep = prepare(config, name=name, namespace=namespace)
+    as ordinary runs, ``at_once`` at a time. Nothing is written before every check passed. ``prepared``:
+    the config already through ``prepare`` (a cell that looked at it first)."""
+    prep = prepared or prepare(config, name=name, namespace=namespace)
     s = prep.resolved.config.sweep
     if s is None:
         raise NbtrainError("this config has no sweep: section; start it as a run (nbtrain.finetune)")
@@ -226,9 +228,8 @@ class Sweep:
         best = self.best() or {}
         params = {**best.get("params", {}), **best.get("set", {})}
         head = f"# the best trial ({best.get('number')}) of sweep {self.id}: {space.describe(params)}\n"
-        return head + "".join(
-            line + "\n" for line in text.splitlines() if not line.startswith("# %%finetune")
-        )
+        body = [line for line in text.splitlines() if not line.startswith(("# %%finetune", "name:"))]
+        return head + "".join(line + "\n" for line in body) + f"name: {self.name}-best\n"
 
     # ------------------------------------------------------------------------------------------- acting
     def resume(self) -> Sweep:

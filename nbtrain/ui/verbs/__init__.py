@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrain.ui.lazy import lazy_module
 from nbtrain.ui.verb import Arg, Args, Verb, arg
-from nbtrain.ui.verbs import background, config, models, runs
+from nbtrain.ui.verbs import background, config, models, runs, sweeps
 from nbtrain.ui.verbs.views import follow_in_terminal, wait_in_notebook
 
 if TYPE_CHECKING:
@@ -90,6 +90,16 @@ TABLE: tuple[Verb, ...] = (
         runs.call_run,
         runs.run_in_notebook,
         runs.run_in_terminal,
+    ),
+    Verb(
+        "sweep",
+        "A sweep (a config with a sweep: section, started like a run): status (its view; a table in a "
+        "terminal), list, stop, resume, extend --trials N, clone --trial N --set KEY=VALUE, best (its config "
+        "as a %%finetune cell).",
+        sweeps.SWEEP_ARGS,
+        sweeps.call_sweep,
+        sweeps.sweep_in_notebook,
+        sweeps.sweep_in_terminal,
     ),
     Verb(
         "list",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.ui.lazy import lazy_module
 from nbtrain.ui.verb import Arg, Args, VerbUsageError, arg
+from nbtrain.ui.verbs.sweeps import sweep_in_notebook, sweep_in_terminal
 from nbtrain.ui.verbs.views import follow_in_terminal, show_view, stopped_text, wait_in_notebook
 
 if TYPE_CHECKING:
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
     from nbtrain.control.jobs import grading
     from nbtrain.control.runs import run as run_core
     from nbtrain.control.runs.run import Run
+    from nbtrain.control.sweep import sweep as sweep_core
     from nbtrain.ui import run as run_api
+    from nbtrain.ui import sweeps as sweeps_api
     from nbtrain.ui import text as ui_text
 else:
     # Imported on first use, not by `%load_ext nbtrain` (< 0.3 s): the config schema, presets and
@@ -30,6 +33,8 @@ else:
     run_core = lazy_module("nbtrain.control.runs.run")
     run_api = lazy_module("nbtrain.ui.run")
     ui_text = lazy_module("nbtrain.ui.text")
+    sweep_core = lazy_module("nbtrain.control.sweep.sweep")
+    sweeps_api = lazy_module("nbtrain.ui.sweeps")
 
 # ------------------------------------------------------------------------------------- run / cell
 
@@ -79,7 +84,11 @@ def call_run(a: Args) -> Any:
     if a.probe:
         return start.probe(a.config, name=a.name)
     prep = prepare.prepare(a.config, name=a.name, on=a.on)
-    return prep if a.dry_run else run_api.handle(start.start(prep))
+    if a.dry_run:
+        return prep
+    if prep.resolved.config.sweep is not None:  # many trials, each a run: the sweep's driver starts them
+        return sweeps_api.sweep(a.config, name=a.name, prepared=prep)
+    return run_api.handle(start.start(prep))
 
 
 def show_estimate(report: Any) -> None:
@@ -92,6 +101,8 @@ def show_estimate(report: Any) -> None:
 
 
 def run_in_notebook(result: Any, a: Args) -> Any:
+    if isinstance(result, sweep_core.Sweep):
+        return sweep_in_notebook(result, a)
     if _is_estimate(result):
         return show_estimate(result)
     if isinstance(result, start.ProbeReport):
@@ -123,6 +134,8 @@ def _show_dry_run(prep: prepare.Prepared) -> None:
 
 
 def run_in_terminal(result: Any, a: Args) -> int:
+    if isinstance(result, sweep_core.Sweep):
+        return sweep_in_terminal(result, a)
     if _is_estimate(result) or isinstance(result, start.ProbeReport):
         print(result.text())
         return 0

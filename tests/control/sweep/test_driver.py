@@ -10,59 +10,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from nbtrain.control.prepare import prepare
 from nbtrain.control.runs.run import all_runs, get_run
 from nbtrain.control.sweep.folder import PRUNED, STOPPED_BY_SWEEP
-from nbtrain.control.sweep.sweep import Sweep, SweepStatus, get_sweep, start_sweep
+from nbtrain.control.sweep.sweep import Sweep, SweepStatus, get_sweep
 from nbtrain.examples import write_dataset
-from tests.conftest import runs_in
+from tests.conftest import runs_in, sweep_yaml
 
 TIMEOUT = 240
 
 
-def sweep_yaml(lrs: str, steps: int, extra: str = "") -> str:
-    return f"""\
-model: ./tiny-llama
-name: lr
-data:
-  train: data/add.jsonl
-  eval_split: 0.1
-train:
-  max_steps: {steps}
-  per_device_train_batch_size: 4
-  logging_steps: 1
-sweep:
-  space:
-    train.learning_rate: {lrs}
-  method: grid
-  at_once: 1
-{extra}"""
-
-
-def _work(tmp: Path, tiny_model: Path) -> Path:
-    (tmp / "tiny-llama").symlink_to(tiny_model)
-    write_dataset(tmp / "data" / "add.jsonl")
-    return tmp
-
-
-@pytest.fixture(scope="module")
-def pruned(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[tuple[Sweep, SweepStatus]]:
-    """Two trials one after the other, pruned by the median: a learning rate that trains, then one too
-    small to move the loss, which is worse than the first at its first evaluation."""
-    with runs_in(_work(tmp_path_factory.mktemp("pruned"), tiny_model)):
-        s = start_sweep(sweep_yaml("[3.0e-3, 1.0e-9]", 20, "  prune: median\n"))
-        yield s, s.wait(timeout=TIMEOUT)
-
-
 def test_a_pruned_trial_stops_at_an_evaluation_point_and_reads_pruned_with_the_reason(
-    pruned: tuple[Sweep, SweepStatus],
+    pruned_sweep: tuple[Sweep, SweepStatus],
 ) -> None:
-    s, st = pruned
+    s, st = pruned_sweep
     assert st.state == "completed", (st.describe(), s.paths.log.read_text()[-3000:])
     first, second = st.trials
     assert (first["state"], second["state"]) == ("completed", "pruned"), st.trials
@@ -82,9 +45,9 @@ def test_a_pruned_trial_stops_at_an_evaluation_point_and_reads_pruned_with_the_r
 
 
 def test_each_trial_is_an_ordinary_run_marked_with_its_sweep_and_the_best_is_a_cell(
-    pruned: tuple[Sweep, SweepStatus],
+    pruned_sweep: tuple[Sweep, SweepStatus],
 ) -> None:
-    s, st = pruned
+    s, st = pruned_sweep
     for t in st.trials:
         run = get_run(t["run_dir"])
         assert run.name == f"lr-t{t['number']:03d}"
@@ -92,7 +55,7 @@ def test_each_trial_is_an_ordinary_run_marked_with_its_sweep_and_the_best_is_a_c
         assert run.config["train"]["learning_rate"] == t["params"]["train.learning_rate"]
     cell = s.best_config()
     assert cell.startswith(f"# the best trial (0) of sweep {s.id}: learning_rate=0.003\n")
-    assert "sweep:" not in cell
+    assert "sweep:" not in cell and cell.endswith("name: lr-best\n")
     with runs_in(Path(s.spec["cwd"])):
         assert {r.id for r in all_runs()} == {t["run_id"] for t in st.trials}
         assert prepare(cell).resolved.config.train["learning_rate"] == 0.003  # the cell runs as it is
@@ -118,8 +81,10 @@ def _running_at(s: Sweep, n: int, step: int) -> bool:
 def test_a_dead_kernel_a_killed_trial_and_a_killed_driver_lose_nothing_and_rerun_nothing(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    with runs_in(_work(tmp_path, tiny_model)):
-        (tmp_path / "sweep.yaml").write_text(sweep_yaml("[3.0e-3, 2.0e-3, 1.0e-3]", 40))
+    (tmp_path / "tiny-llama").symlink_to(tiny_model)
+    write_dataset(tmp_path / "data" / "add.jsonl")
+    with runs_in(tmp_path):
+        (tmp_path / "sweep.yaml").write_text(sweep_yaml("[3.0e-3, 2.0e-3, 1.0e-3]", 30))
         # the kernel that starts the sweep dies at once: the driver is a process of its own and goes on
         kernel = subprocess.Popen(
             [sys.executable, "-c", "import sys, time\nfrom nbtrain.control.sweep.sweep import start_sweep\n"
