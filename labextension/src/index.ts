@@ -18,6 +18,7 @@ import { setRenderers } from './runfigure';
 import { RunPage } from './runpage';
 import { watchKernelLoss } from './kernellost';
 import { ATTACH_EVENT, IAttachRequest, OPEN_PAGE_EVENT } from './runview';
+import { IInsertCellRequest, INSERT_CELL_EVENT } from './sweepview';
 import { RunsStatus } from './statusbar';
 import { RunsSidebar } from './sidebar';
 import { toCellPlugin } from './tocell';
@@ -168,6 +169,20 @@ const runsPlugin: JupyterFrontEndPlugin<void> = {
     });
 
     // a run view whose kernel was lost re-attaches: a live view in a new cell below its own
+    document.addEventListener(INSERT_CELL_EVENT, e => {
+      const { node, source, done } = (e as CustomEvent<IInsertCellRequest>).detail;
+      const panel = tracker?.find(p => p.node.contains(node));
+      if (!panel) {
+        done('this output is in no notebook open here');
+        return;
+      }
+      const notebook = panel.content;
+      const index = notebook.widgets.findIndex(c => c.node.contains(node));
+      notebook.activeCellIndex = index >= 0 ? index : notebook.activeCellIndex;
+      NotebookActions.insertBelow(notebook);
+      notebook.activeCell?.model.sharedModel.setSource(source);
+      done(null);
+    });
     document.addEventListener(ATTACH_EVENT, e => {
       const { runId, node, done } = (e as CustomEvent<IAttachRequest>).detail;
       openDashboard(runId, node).then(done, err => done(String(err)));

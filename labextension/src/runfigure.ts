@@ -35,32 +35,37 @@ interface IPlotly {
   Plots: { resize(node: HTMLElement): void };
 }
 
-interface IFigureReply {
+export interface IFigureReply {
   version: string;
-  caught_up: boolean;
+  caught_up?: boolean;
   figure: IFigureJSON | null;
 }
 
-/** The dashboard figure of one run, drawn into ``host`` and kept up to date by ``update()``. */
+/** The dashboard figure of one run (or, ``route`` "sweeps", of a sweep), drawn into ``host`` and kept up
+ * to date by ``update()``. */
 export class RunFigure {
   constructor(
     readonly runId: string,
-    private readonly host: HTMLElement
+    private readonly host: HTMLElement,
+    private readonly route: 'runs' | 'sweeps' = 'runs'
   ) {}
 
-  /** Read the figure (what is new since the last read) and draw it if it changed. Throws what the server
-   * answered when it cannot. */
-  async update(): Promise<void> {
+  /** Read the figure (what is new since the last read) and draw it if it changed; the server's last
+   * answer. Throws what the server answered when it cannot. */
+  async update<T extends IFigureReply = IFigureReply>(): Promise<T | null> {
+    let reply: T | null = null;
     for (let i = 0; i < 20; i++) {
       const since = this._version ? `?since=${encodeURIComponent(this._version)}` : '';
-      const reply = await requestAPI<IFigureReply>(`runs/${encodeURIComponent(this.runId)}/figure${since}`);
+      const id = encodeURIComponent(this.runId);
+      reply = await requestAPI<T>(`${this.route}/${id}/figure${since}`);
       if (reply.figure && (await this._draw(reply.figure))) {
         this._version = reply.version;
       }
-      if (reply.caught_up) {
+      if (reply.caught_up !== false) {
         break;
       }
     }
+    return reply;
   }
 
   /** Fit the figure to its host's width (the page was resized, or the sidebar beside it); a figure read

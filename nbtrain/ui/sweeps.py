@@ -21,6 +21,8 @@ from nbtrain.control.sweep import sweep as core
 from nbtrain.ui.figures.sweep import Curve, sweep_figure
 
 REFRESH = 1.0  # s between looks at the sweep while it runs
+# nbtrain's lab extension renders this (labextension/src/sweepview.ts) instead of the figure beside it
+SWEEP_VIEW_MIME = "application/vnd.nbtrain.sweep-view+json"
 
 
 class Sweep(core.Sweep):
@@ -114,9 +116,13 @@ class SweepView:
         return f"sweep {self.sweep.id}: {self.sweep.status().describe()}"
 
     def bundle(self) -> dict[str, Any]:
+        """The figure for every frontend, and for nbtrain's lab extension (ranked above plotly) the sweep's
+        id: its view reads the sweep through the server, kernel or not (labextension/src/sweepview.ts)."""
         from nbtrain.ui.dashboard import static_bundle
 
-        return static_bundle(self.figure(), self.text())
+        bundle = static_bundle(self.figure(), self.text())
+        bundle[SWEEP_VIEW_MIME] = {"sweep_id": self.sweep.id, "name": self.sweep.name}
+        return bundle
 
     def _signature(self) -> tuple[Any, ...]:
         st = self.sweep.status()

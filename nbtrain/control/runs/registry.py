@@ -31,6 +31,12 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs(name);
 CREATE INDEX IF NOT EXISTS runs_created ON runs(created);
+CREATE TABLE IF NOT EXISTS sweeps (
+    id       TEXT PRIMARY KEY,
+    name     TEXT NOT NULL,
+    dir      TEXT NOT NULL UNIQUE,
+    created  REAL NOT NULL
+);
 """
 
 
@@ -115,6 +121,21 @@ def add(run_id: str, name: str, run_dir: Path, created: float | None = None) -> 
         "INSERT INTO runs (id, name, run_dir, created) VALUES (?, ?, ?, ?)",
         (run_id, name, str(run_dir), created or time.time()),
     ))  # fmt: skip
+
+
+def add_sweep(sweep_id: str, name: str, folder: Path) -> None:
+    """A sweep's folder (nbtrain.control.sweep), so the server and other kernels find it by id."""
+    _db(lambda con: con.execute(
+        "INSERT INTO sweeps (id, name, dir, created) VALUES (?, ?, ?, ?)",
+        (sweep_id, name, str(folder), time.time()),
+    ))  # fmt: skip
+
+
+def sweep_rows() -> list[Row]:
+    """Every registered sweep (its folder in ``run_dir``), oldest first; the folder may be gone."""
+    return _db(lambda con: [Row(*r) for r in con.execute(
+        "SELECT id, name, dir, created FROM sweeps ORDER BY created"
+    )])  # fmt: skip
 
 
 def remove(run_id: str) -> None:

@@ -192,6 +192,7 @@ class Driver:
         self.study._storage.set_trial_user_attr(tid, "state", PRUNED)
         self.study._storage.set_trial_user_attr(tid, "reason", reason)
         self.study._storage.set_trial_user_attr(tid, "pruned_at", step)
+        self.study._storage.set_trial_user_attr(tid, "steps", step)
         self.study.tell(a.trial.number, state=TrialState.PRUNED)
         a.stopping = PRUNED
         self._stop_run(a.run, PRUNED)
@@ -229,6 +230,8 @@ class Driver:
         number = a.trial.number
         if a.stopping == PRUNED:
             return  # told when pruned
+        if a.stopping != STOPPED_BY_SWEEP and stop_reason != STOPPED_BY_SWEEP:  # (it goes on later)
+            self.study._storage.set_trial_user_attr(a.trial._trial_id, "steps", a.run.status().step)
         if state == "completed":
             if a.last is None:
                 self._fail(number, f"its run completed without logging {self.settings.metric}")
@@ -387,6 +390,7 @@ class Driver:
                 "last": a.last if a is not None else _last(t.intermediate_values),
                 "reason": t.user_attrs.get("reason"),
                 "evaluations": {str(k): v for k, v in sorted(t.intermediate_values.items())},
+                "steps": t.user_attrs.get("steps"),  # the steps it trained, once it ended
             }
             if a is not None:
                 st = a.run.status()

@@ -20,6 +20,7 @@ from nbtrain.control.config.yamlsafe import load_yaml
 from nbtrain.control.launch import process
 from nbtrain.control.launch.process import LaunchFailed
 from nbtrain.control.prepare import Prepared, prepare
+from nbtrain.control.runs import registry
 from nbtrain.control.runs.run import Run, get_run, new_run_id
 from nbtrain.control.sweep import space
 from nbtrain.control.sweep.capacity import capacity
@@ -138,6 +139,7 @@ def start_sweep(
                 "runs_root": str(runs_root()),
             },
         )
+        registry.add_sweep(sweep_id, sweep_name, paths.root)
         sweep = Sweep(paths.root)
         sweep.resume()
     except BaseException:
@@ -314,11 +316,16 @@ class Sweep:
 
 
 def all_sweeps() -> list[Sweep]:
+    """The registered sweeps whose folders are this user's, and any in this runs root's sweeps folder, oldest
+    first."""
     root = sweeps_root()
-    if not root.is_dir():
-        return []
-    found = [Sweep(p) for p in root.iterdir() if is_sweep_dir(p)]
-    return sorted(found, key=lambda s: s.paths.root.name)
+    folders = [Path(r.run_dir) for r in registry.sweep_rows()]
+    folders += sorted(root.iterdir()) if root.is_dir() else []
+    seen: dict[Path, Sweep] = {}
+    for p in folders:
+        if p not in seen and is_sweep_dir(p):
+            seen[p] = Sweep(p)
+    return sorted(seen.values(), key=lambda s: s.paths.root.name)
 
 
 def get_sweep(ref: str | Path | Sweep | None = None) -> Sweep:

@@ -18,6 +18,9 @@ from nbtrain.ui.figures.theme import AXIS_LINE, EXTRA_COLORS, INK, MUTED, RANK_C
 PALETTE = (*EXTRA_COLORS, *RANK_COLORS)
 TRIAL_STATE_COLORS = {**STATE_COLORS, "pruned": "#9ca3af", "running": "#1d4ed8", "queued": MUTED}
 Curve = tuple[Sequence[float], Sequence[float]]
+CURVES_PX, PARCOORDS_PX, GAP_PX = 340, 200, 70
+TABLE_HEAD_PX, ROW_PX, MAX_ROWS = 34, 23, 24  # more rows than MAX_ROWS scroll inside the table
+MARGIN_TOP, MARGIN_BOTTOM = 80, 16
 
 
 def _short(key: str) -> str:
@@ -53,12 +56,15 @@ def sweep_figure(
     curves: Mapping[int, Curve],
 ) -> go.Figure:
     keys = list(dict.fromkeys(k for t in trials for k in (*t.get("params", {}), *t.get("set", {}))))
+    # in pixels: the curves, the parameters, the table (as tall as its rows, up to MAX_ROWS of them), a gap
+    rows = (CURVES_PX, PARCOORDS_PX, TABLE_HEAD_PX + ROW_PX * min(max(len(trials), 1), MAX_ROWS))
+    plot_px = sum(rows) + 2 * GAP_PX
     fig = make_subplots(
         rows=3,
         cols=1,
         specs=[[{"type": "xy"}], [{"type": "parcoords"}], [{"type": "table"}]],
-        row_heights=[0.42, 0.22, 0.36],
-        vertical_spacing=0.07,
+        row_heights=[r / sum(rows) for r in rows],
+        vertical_spacing=GAP_PX / plot_px,
     )
     for t in sorted(trials, key=lambda t: int(t["number"])):
         n = int(t["number"])
@@ -94,9 +100,9 @@ def sweep_figure(
     fig.update_layout(
         template=THEME,
         title={"text": title},
-        height=940,
+        height=plot_px + MARGIN_TOP + MARGIN_BOTTOM,
         legend={"y": 1.0, "yanchor": "top", "x": 1.01, "font": {"size": 10}},
-        margin={"t": 80, "r": 24},
+        margin={"t": MARGIN_TOP, "r": 24, "b": MARGIN_BOTTOM},
         meta={"nbtrain_sweep": True},
     )
     return fig
@@ -151,18 +157,18 @@ def _table(
         n = int(t["number"])
         merged = {**t.get("params", {}), **t.get("set", {})}
         value = t.get("value") if t.get("value") is not None else t.get("last")
-        step = f"{t.get('step', '')}/{t['max_steps']}" if t.get("max_steps") else ""
+        step = f"{t.get('step', '')}/{t['max_steps']}" if t.get("max_steps") else str(t.get("steps") or "")
         note = t.get("reason") or (f"clone of trial {t['clone_of']}" if t.get("clone_of") is not None else "")
         cells = ["★" if n == best else "", str(n), str(t.get("state")), *(_fmt(merged.get(k)) for k in keys),
                  _fmt(value), step, _fmt(note)]  # fmt: skip
         for c, v in zip(cols, cells, strict=True):
             c.append(v)
         fills.append("#ecfdf5" if n == best else "white")
-    widths = [18, 34, 62, *(60 for _ in keys), 64, 56, 300]
+    widths = [16, 36, 78, *(96 for _ in keys), 80, 64, 280]
     state_ink = [TRIAL_STATE_COLORS.get(s, INK) for s in cols[2]]
     inks = [state_ink if i == 2 else [INK] * len(rows) for i in range(len(head))]
     header = {"values": [f"<b>{h}</b>" for h in head], "fill_color": "#f3f4f6", "line_color": AXIS_LINE,
               "align": "left", "font": {"size": 11, "color": INK}}  # fmt: skip
     body = {"values": cols, "fill_color": [fills] * len(head), "line_color": AXIS_LINE, "align": "left",
-             "font": {"size": 11, "color": inks}, "height": 22}  # fmt: skip
+             "font": {"size": 11, "color": inks}, "height": ROW_PX - 1}  # fmt: skip
     return go.Table(columnwidth=widths, header=header, cells=body)

@@ -635,6 +635,32 @@ class ValidateHandler(_Base):
         await self._reply(validate_config, text)
 
 
+class SweepFigureHandler(_Base):
+    @tornado.web.authenticated
+    async def get(self, sweep_id: str) -> None:
+        from nbtrain.ui.server.sweepfigure import sweep_figure
+
+        since = self.get_argument("since", None)
+        await self._reply(sweep_figure, sweep_id, since if since and len(since) <= 100_000 else None)
+
+
+class SweepBestHandler(_Base):
+    @tornado.web.authenticated
+    async def get(self, sweep_id: str) -> None:
+        from nbtrain.ui.server.sweepfigure import sweep_best
+
+        await self._reply(sweep_best, sweep_id)
+
+
+class SweepActionHandler(_Base):
+    @tornado.web.authenticated
+    async def post(self, sweep_id: str, action: str) -> None:
+        from nbtrain.ui.server.sweepfigure import sweep_act
+
+        body = self.get_json_body() or {}
+        await self._reply(sweep_act, sweep_id, action, body if isinstance(body, dict) else {})
+
+
 def setup_handlers(web_app: Any) -> None:
     base = url_path_join(web_app.settings.get("base_url", "/"), "nbtrain")
     root = web_app.settings.get("server_root_dir")
@@ -654,6 +680,9 @@ def setup_handlers(web_app: Any) -> None:
         (run + "/resume", ResumeHandler),
         (run + "/delete", DeleteHandler),
         (run + "/server/stop", ServerStopHandler),
+        (r"sweeps/(?P<sweep_id>[\w.-]+)/figure", SweepFigureHandler),
+        (r"sweeps/(?P<sweep_id>[\w.-]+)/best", SweepBestHandler),
+        (r"sweeps/(?P<sweep_id>[\w.-]+)/(?P<action>stop|resume|extend)", SweepActionHandler),
         ("gpus", GpusHandler),
         ("schema", SchemaHandler),
         ("validate", ValidateHandler),

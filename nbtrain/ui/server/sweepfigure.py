@@ -1,0 +1,73 @@
+"""A sweep for the lab extension's view (``labextension/src/sweepview.ts``): the notebook's sweep figure
+(``ui/sweeps.SweepView``: every trial's curve, parameters against the metric, the ranked trials), read from
+the sweep's folder and its trials' run directories, so it is the same with or without the kernel that
+started the sweep; and the sweep's verbs (stop, resume, extend) carried out as the CLI does.
+
+One view per sweep is kept for the server's life (the ``KEPT`` most recently asked), so each request reads
+only the metrics appended since; asked with the version it drew, the page gets ``figure: null`` while
+nothing in it changed."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from nbtrain.contract.errors import NbtrainError
+
+KEPT = 16
+_LOCK = threading.Lock()
+_VIEWS: OrderedDict[str, Any] = OrderedDict()
+
+
+def _view(sweep_id: str) -> Any:
+    from nbtrain.ui.sweeps import SweepView, get_sweep
+
+    with _LOCK:
+        view = _VIEWS.pop(sweep_id, None)
+        if view is None:
+            s = get_sweep(sweep_id)
+            if s.id != sweep_id:  # a name or a folder: the view is asked for by id only
+                raise NbtrainError(f"no sweep with id {sweep_id!r}")
+            view = SweepView(s)
+        _VIEWS[sweep_id] = view
+        while len(_VIEWS) > KEPT:
+            _VIEWS.popitem(last=False)
+        return view
+
+
+def sweep_figure(sweep_id: str, since: str | None = None) -> dict[str, Any]:
+    """``{"version", "state", "text", "figure"}``: the sweep's figure as plotly JSON (None when ``since``
+    is the version it would have)."""
+    view = _view(sweep_id)
+    st = view.sweep.status()
+    version = json.dumps(view._signature(), default=str)
+    out: dict[str, Any] = {"version": version, "state": st.state, "done": st.done, "text": st.describe()}
+    if since == version:
+        return {**out, "figure": None}
+    fig = view.figure()
+    fig.update_layout(width=None, autosize=True)
+    return {**out, "figure": json.loads(fig.to_json())}
+
+
+def sweep_act(sweep_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+    """stop, resume or extend (``{"trials": N}``); the sweep's status after."""
+    s = _view(sweep_id).sweep
+    if action == "stop":
+        s.stop()
+    elif action == "resume":
+        s.resume()
+    elif action == "extend":
+        n = body.get("trials")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise NbtrainError('extend takes {"trials": N}, a whole number of more trials')
+        s.extend(n)
+    else:
+        raise NbtrainError(f"a sweep can be stopped, resumed or extended, not {action!r}")
+    return {"id": s.id, "state": s.status().state, "text": s.status().describe()}
+
+
+def sweep_best(sweep_id: str) -> dict[str, Any]:
+    """The best trial's config as a ``%%finetune`` cell."""
+    return {"id": sweep_id, "cell": "%%finetune\n" + _view(sweep_id).sweep.best_config()}

@@ -1,0 +1,82 @@
+"""A sweep's view in a real JupyterLab (headless chromium): a %%finetune cell with a sweep: section shows the
+sweep's figure; with its kernel shut down and the page reloaded, the view goes on following the sweep from
+its folder to its end, every trial in it; Best → cell puts the winning config in a cell below."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.browser.conftest import lab_page, write_notebook
+from tests.browser.test_notebook_e2e import _kernel_idle
+from tests.conftest import sweep_yaml
+
+pytestmark = pytest.mark.browser
+
+
+def _kernels(url: str, token: str) -> list[dict]:  # type: ignore[type-arg]
+    with urllib.request.urlopen(f"{url}/api/kernels?token={token}", timeout=10) as r:
+        return list(json.loads(r.read()))
+
+
+def test_a_sweeps_view_follows_it_after_its_kernel_is_gone_and_inserts_the_best_config(
+    lab: tuple[str, str], workdir: Path, shots: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    url, token = lab
+    # no "get notified about Jupyter news?" toast over the pictures (the lab's user settings, read at load)
+    news = (
+        workdir
+        / "jupyter_config/lab/user-settings/@jupyterlab/apputils-extension/notification.jupyterlab-settings"
+    )
+    news.parent.mkdir(parents=True, exist_ok=True)
+    news.write_text('{"fetchNews": "false"}')
+    cell = "%%finetune\n" + sweep_yaml("[3.0e-3, 2.0e-3, 1.0e-3]", 30)
+    nb = write_notebook(workdir / "sweep.ipynb", ["%load_ext nbtrain", cell])
+    with lab_page(lab, "lab/tree/sweep.ipynb", {"width": 1300, "height": 1500}) as (_, page, errors):
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        expect(cells).to_have_count(2, timeout=60_000)
+        _kernel_idle(url, token)
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+        page.keyboard.press("Shift+Enter")
+        view = page.locator(".nbtrain-sweep-view")
+        text = view.locator(".nbtrain-sweep-text")
+        expect(text).to_contain_text("running", timeout=120_000)
+        expect(view.locator(".js-plotly-plot")).to_have_count(1, timeout=60_000)
+        page.screenshot(path=str(shots / "sweep-running.png"))
+
+        # saved, its kernel shut down, the page reloaded: the view reads the sweep from its folder
+        before = nb.stat().st_mtime_ns
+        page.keyboard.press("Control+s")
+        deadline = time.monotonic() + 30
+        mime = "application/vnd.nbtrain.sweep-view+json"
+        while nb.stat().st_mtime_ns == before or mime not in nb.read_text():
+            assert time.monotonic() < deadline, "the notebook was not saved"
+            time.sleep(0.2)
+        for k in _kernels(url, token):
+            req = urllib.request.Request(f"{url}/api/kernels/{k['id']}?token={token}", method="DELETE")
+            urllib.request.urlopen(req, timeout=30).close()
+        page.reload()
+        view = page.locator(".nbtrain-sweep-view")
+        text = view.locator(".nbtrain-sweep-text")
+        expect(text).to_contain_text("completed: 3/3 trials (3 completed)", timeout=240_000)
+        page.wait_for_timeout(500)
+        table = view.locator(".js-plotly-plot .table")
+        expect(table).to_contain_text("★")
+        view.scroll_into_view_if_needed()
+        view.screenshot(path=str(shots / "sweep-done.png"))
+        assert not _kernels(url, token) or all(k["execution_state"] != "busy" for k in _kernels(url, token))
+
+        view.locator(".nbtrain-sweep-best").click()
+        expect(view.locator(".nbtrain-sweep-note")).to_have_text("the best config is in the cell below")
+        inserted = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".cm-content")
+        expect(inserted).to_contain_text("# the best trial (")
+        expect(inserted).to_contain_text("name: lr-best")
+        assert view.locator(".nbtrain-sweep-stop").is_disabled()  # nothing left to stop
+    assert not errors, errors
