@@ -137,6 +137,10 @@ def _start_in_allocation(prep: Prepared, run: Run, job: str, nodes: int) -> Run:
     return run
 
 
+class ClusterBusy(NbtrainError):
+    """A course preset's max_runs_at_once is reached on the cluster: the run may start once one ends."""
+
+
 def _cluster_cap_refusal(prep: Prepared) -> str | None:
     """A course preset's max_runs_at_once, over this student's runs queued or running on the cluster."""
     return start_refusal(prep.preset, Queued(_runs_on_cluster)) if prep.preset is not None else None
@@ -172,9 +176,12 @@ def start(prep: Prepared) -> Run:
             "this config has a sweep: section, which runs many trials: start it with nbtrain.sweep(config) "
             "or a %%finetune cell (or leave sweep: out to start one run)"
         )
-    refusal = launch_refusal(prep) or (_cluster_cap_refusal(prep) if is_slurm(prep) else None)
+    refusal = launch_refusal(prep)
     if refusal is not None:
         raise NbtrainError(refusal)
+    busy = _cluster_cap_refusal(prep) if is_slurm(prep) else None
+    if busy is not None:
+        raise ClusterBusy(busy)
     if prep.resolved.config.resume == "auto":
         earlier = _resumable(prep.name)
         if earlier is not None:

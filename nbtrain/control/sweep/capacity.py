@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nbtrain.control.prepare import Prepared
+from nbtrain.control.start import is_slurm
 
 GIB = 1 << 30
 # What a training process holds besides the estimate's parts: Python, torch, transformers, TRL and the
@@ -30,6 +31,16 @@ def capacity(prep: Prepared, budget: int, asked: int | str = "auto") -> Capacity
     has the GPUs the plan gives it, so trials run one after another. ``asked``: the config's number, kept
     (the threads shared out for it), or "auto"."""
     hw, plan = prep.hardware, prep.plan
+    if is_slurm(prep):  # each trial is a job: SLURM queues what its nodes cannot take yet
+        presets = prep.preset.chain() if prep.preset else []
+        caps = [p.max_runs_at_once for p in presets if p.max_runs_at_once]
+        n = min([asked if isinstance(asked, int) else budget, *caps])
+        slurm = prep.resolved.config.distributed.slurm
+        where = f" on partition {slurm.partition}" if slurm is not None and slurm.partition else ""
+        why = f"{n} at once: each trial is a SLURM job{where}, queued by SLURM"
+        if caps and n == min(caps):
+            why += f" (the course allows {min(caps)} of a student's runs on the cluster at once)"
+        return Capacity(n, None, why)
     if plan.device != "cpu":
         n = asked if isinstance(asked, int) else 1
         gpus = len(plan.gpus) or 1

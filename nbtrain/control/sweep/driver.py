@@ -36,7 +36,7 @@ from nbtrain.control.launch import process, warm
 from nbtrain.control.prepare import prepare
 from nbtrain.control.runs.metrics import JsonlTail
 from nbtrain.control.runs.run import Run, get_run, last_checkpoint
-from nbtrain.control.start import resume, start
+from nbtrain.control.start import ClusterBusy, resume, start
 from nbtrain.control.sweep import space
 from nbtrain.control.sweep.folder import PRUNED, STOPPED_BY_SWEEP, SweepPaths, write_json
 
@@ -87,6 +87,7 @@ class Driver:
         self.at_once: int = int(self.spec["at_once"])
         self.dists = space.distributions(self.settings.space)
         self.active: dict[int, Active] = {}
+        self.waiting: list[optuna.Trial] = []  # asked for, not started: the cluster's cap for the student
         self.stoppers: list[threading.Thread] = []
         self.written = 0.0
         self.state = "running"
@@ -132,9 +133,16 @@ class Driver:
             prep.threads = self.spec.get("threads")
             prep.sweep = {"id": self.spec["id"], "dir": str(self.paths.root), "trial": trial.number}
             run = start(prep)
+        except ClusterBusy as e:  # the course's cap on the cluster: it starts once one of the student's ends
+            if trial not in self.waiting:
+                self.waiting.append(trial)
+                _say(f"trial {trial.number} waits: {e}")
+            return
         except (ConfigError, NbtrainError) as e:
             self._fail(trial, f"could not start: {e}")
             return
+        if trial in self.waiting:
+            self.waiting.remove(trial)
         trial.set_user_attr("run_id", run.id)
         trial.set_user_attr("run_dir", str(run.dir))
         self._follow(trial, run)
@@ -334,10 +342,13 @@ class Driver:
                 return self.stop()
             for a in list(self.active.values()):
                 self.poll(a)
-            while len(self.active) < self.at_once and self.started() < self.budget:
+            for trial in list(self.waiting):  # first those the cluster's cap held back
+                if len(self.active) < self.at_once:
+                    self.start_trial(trial)
+            while not self.waiting and len(self.active) < self.at_once and self.started() < self.budget:
                 self.start_trial(self.study.ask(self.dists))
                 self.write(force=True)
-            if not self.active and self.started() >= self.budget:
+            if not self.active and not self.waiting and self.started() >= self.budget:
                 self.state = "completed"
                 self.write(force=True)
                 _say("sweep completed")

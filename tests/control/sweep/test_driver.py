@@ -11,11 +11,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from nbtrain.control.prepare import prepare
 from nbtrain.control.runs.run import all_runs, get_run
 from nbtrain.control.sweep.folder import PRUNED, STOPPED_BY_SWEEP
-from nbtrain.control.sweep.sweep import Sweep, SweepStatus, get_sweep
+from nbtrain.control.sweep.sweep import Sweep, SweepStatus, get_sweep, start_sweep
 from nbtrain.examples import write_dataset
 from tests.conftest import runs_in, sweep_yaml
 
@@ -124,3 +127,29 @@ def test_a_dead_kernel_a_killed_trial_and_a_killed_driver_lose_nothing_and_rerun
         assert run2.resolved["resume"]["attempt"] >= 1  # trial 2 went on from its checkpoint
         assert get_run(run1).status().state == "completed"
         assert st.best in (1, 2)
+
+
+@pytest.mark.slow
+def test_on_a_cluster_each_trial_is_a_slurm_job_within_the_courses_cap(
+    slurm_cluster: Any, workdir: Path
+) -> None:
+    (workdir / "nbtrain.lab.yaml").write_text(
+        "course: Fine-tuning 101\nslurm: {partition: debug, time: '00:05:00'}\nmax_runs_at_once: 1\n"
+    )
+    s = start_sweep(sweep_yaml("[3.0e-3, 1.0e-3]", 8).replace("  at_once: 1\n", ""))
+    assert s.why == (
+        "1 at once: each trial is a SLURM job on partition debug, queued by SLURM (the course allows 1 of a "
+        "student's runs on the cluster at once)"
+    )
+    most = 0
+    deadline = time.monotonic() + TIMEOUT
+    while not (st := s.status()).done:
+        most = max(most, sum(t["state"] == "running" for t in st.trials))
+        assert time.monotonic() < deadline, st.describe()
+        time.sleep(0.5)
+    assert st.state == "completed" and [t["state"] for t in st.trials] == ["completed", "completed"], (
+        st.describe(),
+        s.paths.log.read_text()[-2000:],
+    )
+    jobs = {json.loads(Path(t["run_dir"], "status.json").read_text())["slurm_job"] for t in st.trials}
+    assert len(jobs) == 2 and most == 1  # a job each, one at a time
