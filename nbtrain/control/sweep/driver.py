@@ -311,14 +311,22 @@ class Driver:
         params = dict(src.params)
         extra = dict(src.user_attrs.get("set") or {})
         for key, value in changes.items():
-            dist = self.dists.get(key)
-            if dist is not None and dist._contains(dist.to_internal_repr(space.encode(value))):
+            if self._in_space(key, value):
                 params[key] = space.encode(value)
             else:  # outside the space: set on the config, shown with the trial
                 extra[key] = value
         self.study.enqueue_trial(params, user_attrs={"clone_of": number, "set": extra})
         self.study.set_user_attr("budget", self.budget + 1)
         _say(f"trial {number} cloned with {changes}")
+
+    def _in_space(self, key: str, value: Any) -> bool:
+        dist = self.dists.get(key)
+        if dist is None:
+            return False
+        try:
+            return bool(dist._contains(dist.to_internal_repr(space.encode(value))))
+        except (ValueError, TypeError):  # a choice the list does not have, a value of another type
+            return False
 
     # --------------------------------------------------------------------------------------- the loop
     def warm_up(self, wait: float = 30.0) -> None:

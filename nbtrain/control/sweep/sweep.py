@@ -237,7 +237,14 @@ class Sweep:
     def resume(self) -> Sweep:
         """Start the driver (again): it adopts the unfinished trials; finished ones are never re-run."""
         if self.driver_alive():
-            return self
+            if self.paths.read_trials().get("state") == "running":
+                return self  # it reads the requests left for it
+            # it said the sweep ended and is exiting: a request left now is for the next driver
+            deadline = time.monotonic() + 30
+            while self.driver_alive():
+                if time.monotonic() > deadline:
+                    raise NbtrainError(f"sweep {self.id}: its driver is still ending; try again in a moment")
+                time.sleep(0.1)
         (self.paths.requests / "stop").unlink(missing_ok=True)
         if self.paths.trials.exists():  # running again from now: no reader takes the old end for this one's
             write_json(self.paths.trials, {**self.paths.read_trials(), "state": "running", "error": None})

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from nbtrain.contract.errors import NbtrainError
 from nbtrain.control.prepare import prepare
 from nbtrain.control.runs.run import all_runs, get_run
 from nbtrain.control.sweep.folder import PRUNED, STOPPED_BY_SWEEP
@@ -87,7 +88,7 @@ def test_a_dead_kernel_a_killed_trial_and_a_killed_driver_lose_nothing_and_rerun
     (tmp_path / "tiny-llama").symlink_to(tiny_model)
     write_dataset(tmp_path / "data" / "add.jsonl")
     with runs_in(tmp_path):
-        (tmp_path / "sweep.yaml").write_text(sweep_yaml("[3.0e-3, 2.0e-3, 1.0e-3]", 30))
+        (tmp_path / "sweep.yaml").write_text(sweep_yaml("[3.0e-3, 2.0e-3, 1.0e-3]", 120))
         # the kernel that starts the sweep dies at once: the driver is a process of its own and goes on
         kernel = subprocess.Popen(
             [sys.executable, "-c", "import sys, time\nfrom nbtrain.control.sweep.sweep import start_sweep\n"
@@ -127,6 +128,18 @@ def test_a_dead_kernel_a_killed_trial_and_a_killed_driver_lose_nothing_and_rerun
         assert run2.resolved["resume"]["attempt"] >= 1  # trial 2 went on from its checkpoint
         assert get_run(run1).status().state == "completed"
         assert st.best in (1, 2)
+
+        # a grid runs its combinations; clone a trial with changed keys for more: a new trial, its run the
+        # clone's values with the changes (a value outside the space is set on the config and said)
+        with pytest.raises(NbtrainError, match="a grid has 3 combinations: extend by at most 0"):
+            s.extend(1)
+        st = s.clone(1, {"train.learning_rate": 4.0e-3, "train.max_steps": 8}).wait(timeout=TIMEOUT)
+        clone = _trial(s, 3)
+        assert (st.state, clone["state"], clone["clone_of"]) == ("completed", "completed", 1), st.trials
+        assert clone["set"] == {"train.learning_rate": 4.0e-3, "train.max_steps": 8}
+        cfg = get_run(clone["run_dir"]).config
+        assert (cfg["train"]["learning_rate"], cfg["train"]["max_steps"]) == (4.0e-3, 8)
+        assert st.budget == 4 and len(all_runs()) == 4
 
 
 @pytest.mark.slow
