@@ -40,6 +40,8 @@ export interface IRunInfo {
   // Its OpenAI-compatible model server while one runs (never its key): url null with a note when the
   // server is another user's.
   server: { url: string | null; pid?: number; engine?: string; device?: string; note?: string } | null;
+  // A sweep's trial: which sweep and trial (its card says so, and sits with its sweep's other trials).
+  sweep?: { id: string; name: string; trial: number } | null;
 }
 
 export interface IGpuInfo {

@@ -232,17 +232,42 @@ export interface IFilterable {
   state: string;
   folder?: string;
   model?: string;
+  sweep?: { id: string; name: string; trial: number } | null;
 }
 
-/** Whether a run matches the sidebar's filter box: every word of it, in its name, id, state, folder or
- * model. */
+/** Whether a run matches the sidebar's filter box: every word of it, in its name, id, state, folder,
+ * model or sweep ("sweep lr"). */
 export function matchesFilter(run: IFilterable, query: string): boolean {
-  const hay = `${run.name} ${run.id} ${run.state} ${run.folder ?? ''} ${run.model ?? ''}`.toLowerCase();
+  const sweep = run.sweep ? `sweep ${run.sweep.name} ${run.sweep.id}` : '';
+  const hay = `${run.name} ${run.id} ${run.state} ${run.folder ?? ''} ${run.model ?? ''} ${sweep}`.toLowerCase();
   return query
     .toLowerCase()
     .split(/\s+/)
     .filter(w => w.length > 0)
     .every(w => hay.includes(w));
+}
+
+/** The runs in the order given, except that a sweep's trials sit together, by trial number, where its first
+ * trial in the order is. */
+export function withSweepsTogether<T extends { sweep?: { id: string; trial: number } | null }>(runs: T[]): T[] {
+  const bySweep = new Map<string, T[]>();
+  for (const r of runs) {
+    if (r.sweep) {
+      const trials = bySweep.get(r.sweep.id) ?? [];
+      trials.push(r);
+      bySweep.set(r.sweep.id, trials);
+    }
+  }
+  const out: T[] = [];
+  for (const r of runs) {
+    if (!r.sweep) {
+      out.push(r);
+    } else if (bySweep.has(r.sweep.id)) {
+      out.push(...bySweep.get(r.sweep.id)!.sort((a, b) => a.sweep!.trial - b.sweep!.trial));
+      bySweep.delete(r.sweep.id);
+    }
+  }
+  return out;
 }
 
 export interface IGroupable {

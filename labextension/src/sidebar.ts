@@ -14,6 +14,7 @@ import {
   FOLD_FINISHED_OVER,
   formatBytes,
   groupRuns,
+  withSweepsTogether,
   matchesFilter,
   progressFraction,
   sparklinePath,
@@ -138,7 +139,7 @@ export class RunsSidebar extends Widget {
   private _render(): void {
     const model = this._model;
     const query = this._filter.value.trim();
-    const shown = model.runs.filter(r => matchesFilter(r, query));
+    const shown = withSweepsTogether(model.runs.filter(r => matchesFilter(r, query)));
     const { active, resumable, finished } = groupRuns(shown);
     this._status.textContent = model.error
       ? `Cannot reach the nbtrain server extension: ${model.error}`
@@ -229,6 +230,7 @@ export class RunsSidebar extends Widget {
         <span class="nbtrain-run-time"></span>
         <span class="nbtrain-run-folder"></span>
       </div>
+      <div class="nbtrain-run-sweep"></div>
       <div class="nbtrain-progress"><div class="nbtrain-progress-bar"></div></div>
       <div class="nbtrain-run-detail">
         <span class="nbtrain-steps"></span>
@@ -292,6 +294,9 @@ export class RunsSidebar extends Widget {
     const started = startedText(run.created);
     q('.nbtrain-run-time').textContent = started ? `started ${started}` : '';
     q('.nbtrain-run-folder').textContent = `in ${run.folder ?? run.run_dir}`;
+    const sweep = q('.nbtrain-run-sweep');
+    sweep.textContent = run.sweep ? `trial ${run.sweep.trial} of sweep ${run.sweep.name}` : '';
+    sweep.style.display = run.sweep ? '' : 'none';
     q('.nbtrain-run-folder').title = run.run_dir;
     const frac = run.state === 'completed' ? 1 : progressFraction(run.step, run.max_steps);
     q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;

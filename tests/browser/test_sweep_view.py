@@ -79,4 +79,12 @@ def test_a_sweeps_view_follows_it_after_its_kernel_is_gone_and_inserts_the_best_
         expect(inserted).to_contain_text("# the best trial (")
         expect(inserted).to_contain_text("name: lr-best")
         assert view.locator(".nbtrain-sweep-stop").is_disabled()  # nothing left to stop
+
+        # the sidebar: each trial's card says which trial of which sweep, the trials together in order
+        page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click()
+        chips = page.locator(".nbtrain-run .nbtrain-run-sweep")
+        expect(chips).to_have_text([f"trial {n} of sweep lr" for n in range(3)], timeout=30_000)
+        page.locator(".nbtrain-filter").fill("sweep lr")
+        expect(page.locator(".nbtrain-run")).to_have_count(3)
+        page.locator("#nbtrain-runs").screenshot(path=str(shots / "sidebar-trials.png"))
     assert not errors, errors

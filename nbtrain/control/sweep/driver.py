@@ -131,7 +131,12 @@ class Driver:
             prep.hooks = self._captured("hooks.pkl")
             prep.rewards = self._captured("rewards.pkl")
             prep.threads = self.spec.get("threads")
-            prep.sweep = {"id": self.spec["id"], "dir": str(self.paths.root), "trial": trial.number}
+            prep.sweep = {
+                "id": self.spec["id"],
+                "name": self.name,
+                "dir": str(self.paths.root),
+                "trial": trial.number,
+            }
             run = start(prep)
         except ClusterBusy as e:  # the course's cap on the cluster: it starts once one of the student's ends
             if trial not in self.waiting:

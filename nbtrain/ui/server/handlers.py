@@ -18,22 +18,18 @@ run marked in the listing), never the listing's.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import tornado.web
-from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
-from tornado.ioloop import IOLoop
 
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.rundir import (
@@ -47,6 +43,8 @@ from nbtrain.control.runs import eta, registry
 from nbtrain.control.runs.metrics import JsonlTail
 from nbtrain.control.runs.run import Run, RunStatus, trash_run
 from nbtrain.hardware import probe
+from nbtrain.ui.server import sweeps
+from nbtrain.ui.server.base import _Base
 from nbtrain.ui.server.logtext import readable
 
 T = TypeVar("T")
@@ -63,10 +61,6 @@ GPU_SAMPLE_S = 2.0
 GPU_RETRY_S = 30.0  # without an NVIDIA driver, asking NVML every 2 s would only repeat the same error
 GPU_IDLE_S = 60.0  # the sampler stops when nobody has asked for that long
 SPARK_POINTS = 64  # a run's loss history in the runs listing is thinned to fewer points than this
-
-# Stops wait up to their timeout each; a pool of their own would only hide a pile-up, so one bounded pool
-# serves all handlers and is sized so a few slow stops leave room for the 2 s polls.
-_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="nbtrain-server")
 
 
 def _valid_run_id(run_id: str) -> bool:
@@ -192,6 +186,21 @@ def _model_name(run: Run) -> str:
     return Path(model).name if model.startswith(("/", ".", "~")) else model
 
 
+def _sweep_of(run: Run) -> dict[str, Any] | None:
+    """A sweep's trial: its sweep's id and name and its trial number (the card says so), else None."""
+    try:
+        sweep = run.resolved.get("sweep")
+    except (NbtrainError, OSError, ValueError):
+        return None
+    if not isinstance(sweep, dict) or not isinstance(sweep.get("trial"), int):
+        return None
+    return {
+        "id": str(sweep.get("id")),
+        "name": str(sweep.get("name") or sweep.get("id")),
+        "trial": sweep["trial"],
+    }
+
+
 def _server(run: Run) -> dict[str, Any] | None:
     """The run's live model server as the sidebar shows it (its URL, never its key), or None."""
     from nbtrain.control.jobs.serve import ServeError, find_server
@@ -225,6 +234,7 @@ def _status_dict(run: Run, row: registry.Row, st: RunStatus) -> dict[str, Any]:
         "created": row.created,
         "resumable": resume_note is None,
         "resume_note": resume_note,
+        "sweep": _sweep_of(run),
         "state": st.state,
         "phase": st.phase_text(),  # while starting: "downloading model org/x 3.1 / 15.2 GB, 40 MB/s", ...
         "stopping": st.stop_text() is not None,  # a stop is under way (the chip and Stop say so)
@@ -518,30 +528,6 @@ def cached_schema() -> dict[str, Any]:
     return _SCHEMA_CACHE
 
 
-class _Base(APIHandler):
-    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        return await IOLoop.current().run_in_executor(_POOL, fn, *args)
-
-    async def _reply(self, fn: Callable[..., Any], *args: Any) -> None:
-        try:
-            result = await self._off_loop(fn, *args)
-        except tornado.web.HTTPError:
-            raise
-        except NbtrainError as e:  # a run that is not running, or runs on another host
-            raise tornado.web.HTTPError(409, str(e)) from e
-        self.finish(json.dumps(result, default=str))
-
-    def _int_arg(self, name: str, default: int, lo: int, hi: int) -> int:
-        raw = self.get_argument(name, str(default))
-        try:
-            value = int(raw)
-        except ValueError:
-            raise tornado.web.HTTPError(400, f"{name} must be an integer, not {raw!r}") from None
-        if not lo <= value <= hi:
-            raise tornado.web.HTTPError(400, f"{name} must be between {lo} and {hi}")
-        return value
-
-
 class RunsHandler(_Base):
     @tornado.web.authenticated
     async def get(self) -> None:
@@ -635,32 +621,6 @@ class ValidateHandler(_Base):
         await self._reply(validate_config, text)
 
 
-class SweepFigureHandler(_Base):
-    @tornado.web.authenticated
-    async def get(self, sweep_id: str) -> None:
-        from nbtrain.ui.server.sweepfigure import sweep_figure
-
-        since = self.get_argument("since", None)
-        await self._reply(sweep_figure, sweep_id, since if since and len(since) <= 100_000 else None)
-
-
-class SweepBestHandler(_Base):
-    @tornado.web.authenticated
-    async def get(self, sweep_id: str) -> None:
-        from nbtrain.ui.server.sweepfigure import sweep_best
-
-        await self._reply(sweep_best, sweep_id)
-
-
-class SweepActionHandler(_Base):
-    @tornado.web.authenticated
-    async def post(self, sweep_id: str, action: str) -> None:
-        from nbtrain.ui.server.sweepfigure import sweep_act
-
-        body = self.get_json_body() or {}
-        await self._reply(sweep_act, sweep_id, action, body if isinstance(body, dict) else {})
-
-
 def setup_handlers(web_app: Any) -> None:
     base = url_path_join(web_app.settings.get("base_url", "/"), "nbtrain")
     root = web_app.settings.get("server_root_dir")
@@ -680,9 +640,7 @@ def setup_handlers(web_app: Any) -> None:
         (run + "/resume", ResumeHandler),
         (run + "/delete", DeleteHandler),
         (run + "/server/stop", ServerStopHandler),
-        (r"sweeps/(?P<sweep_id>[\w.-]+)/figure", SweepFigureHandler),
-        (r"sweeps/(?P<sweep_id>[\w.-]+)/best", SweepBestHandler),
-        (r"sweeps/(?P<sweep_id>[\w.-]+)/(?P<action>stop|resume|extend)", SweepActionHandler),
+        *sweeps.ROUTES,
         ("gpus", GpusHandler),
         ("schema", SchemaHandler),
         ("validate", ValidateHandler),

@@ -55,7 +55,12 @@ def test_each_trial_is_an_ordinary_run_marked_with_its_sweep_and_the_best_is_a_c
     for t in st.trials:
         run = get_run(t["run_dir"])
         assert run.name == f"lr-t{t['number']:03d}"
-        assert run.resolved["sweep"] == {"id": s.id, "dir": str(s.paths.root), "trial": t["number"]}
+        assert run.resolved["sweep"] == {
+            "id": s.id,
+            "name": "lr",
+            "dir": str(s.paths.root),
+            "trial": t["number"],
+        }
         assert run.config["train"]["learning_rate"] == t["params"]["train.learning_rate"]
     cell = s.best_config()
     assert cell.startswith(f"# the best trial (0) of sweep {s.id}: learning_rate=0.003\n")

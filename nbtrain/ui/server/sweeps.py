@@ -1,7 +1,8 @@
-"""A sweep for the lab extension's view (``labextension/src/sweepview.ts``): the notebook's sweep figure
-(``ui/sweeps.SweepView``: every trial's curve, parameters against the metric, the ranked trials), read from
-the sweep's folder and its trials' run directories, so it is the same with or without the kernel that
-started the sweep; and the sweep's verbs (stop, resume, extend) carried out as the CLI does.
+"""A sweep's routes (``sweeps/<id>/figure``, ``best``, ``stop``, ``resume``, ``extend``) for the lab
+extension's view (``labextension/src/sweepview.ts``): the notebook's sweep figure (``ui/sweeps.SweepView``:
+every trial's curve, parameters against the metric, the ranked trials), read from the sweep's folder and its
+trials' run directories, so it is the same with or without the kernel that started the sweep; and the
+sweep's verbs carried out as the CLI does.
 
 One view per sweep is kept for the server's life (the ``KEPT`` most recently asked), so each request reads
 only the metrics appended since; asked with the version it drew, the page gets ``figure: null`` while
@@ -14,7 +15,10 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+import tornado.web
+
 from nbtrain.contract.errors import NbtrainError
+from nbtrain.ui.server.base import _Base
 
 KEPT = 16
 _LOCK = threading.Lock()
@@ -71,3 +75,31 @@ def sweep_act(sweep_id: str, action: str, body: dict[str, Any]) -> dict[str, Any
 def sweep_best(sweep_id: str) -> dict[str, Any]:
     """The best trial's config as a ``%%finetune`` cell."""
     return {"id": sweep_id, "cell": "%%finetune\n" + _view(sweep_id).sweep.best_config()}
+
+
+class SweepFigureHandler(_Base):
+    @tornado.web.authenticated
+    async def get(self, sweep_id: str) -> None:
+        since = self.get_argument("since", None)
+        await self._reply(sweep_figure, sweep_id, since if since and len(since) <= 100_000 else None)
+
+
+class SweepBestHandler(_Base):
+    @tornado.web.authenticated
+    async def get(self, sweep_id: str) -> None:
+        await self._reply(sweep_best, sweep_id)
+
+
+class SweepActionHandler(_Base):
+    @tornado.web.authenticated
+    async def post(self, sweep_id: str, action: str) -> None:
+        body = self.get_json_body() or {}
+        await self._reply(sweep_act, sweep_id, action, body if isinstance(body, dict) else {})
+
+
+_SWEEP = r"sweeps/(?P<sweep_id>[\w.-]+)"
+ROUTES: list[tuple[str, type[_Base]]] = [
+    (_SWEEP + "/figure", SweepFigureHandler),
+    (_SWEEP + "/best", SweepBestHandler),
+    (_SWEEP + r"/(?P<action>stop|resume|extend)", SweepActionHandler),
+]
