@@ -16,6 +16,8 @@ from nbtrain.ui.sweeps import Sweep
 from tests.conftest import sweep_yaml
 from tests.ui.test_panel import shell  # noqa: F401 - the IPython shell fixture
 
+pytestmark = pytest.mark.slow  # real sweeps: training processes
+
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "nbtrain.ui.cli", *args], capture_output=True, text=True,

@@ -23,6 +23,8 @@ from nbtrain.control.sweep.sweep import Sweep, SweepStatus, get_sweep, start_swe
 from nbtrain.examples import write_dataset
 from tests.conftest import runs_in, sweep_yaml
 
+pytestmark = pytest.mark.slow  # real sweeps: training processes
+
 TIMEOUT = 240
 
 
