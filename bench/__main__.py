@@ -198,8 +198,10 @@ def _sweep(d: dict[str, Any]) -> list[tuple[str, str, str]]:
         tpe = (f"{v['tpe_to_grid_best_steps']} vs {v['grid_to_best_steps']} steps "
                f"({_x(v['ratio_to_grid_best'])}; the whole grid {v['grid_steps_total']})")  # fmt: skip
     else:
-        tpe = (f"not reached: TPE's best {v['tpe_best']['value']:.4f} vs {v['grid_best']:.4f}; "
-               f"{v['tpe_steps_total']} vs {v['grid_steps_total']} steps in all")  # fmt: skip
+        tpe = (f"not reached: TPE's best {v['tpe_best']['value']:.4f} vs {v['grid_best']:.4f}; to reach "
+               f"TPE's best {v['tpe_to_own_best_steps']} vs {v['grid_to_tpe_best_steps']} steps "
+               f"({_x(v['ratio_to_tpe_best'])}); {v['tpe_steps_total']} vs {v['grid_steps_total']} "
+               "in all")  # fmt: skip
     what = (f"sweep of {n} trials (tiny, {d['steps']} steps), nbtrain warm + at once / the same runs cold "
             "one after another / Optuna + a bare TRL script")  # fmt: skip
     reach = "TPE + median pruning vs the grid: steps trained to reach the grid's best eval_loss"
