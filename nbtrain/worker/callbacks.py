@@ -104,8 +104,13 @@ class RunDirCallback(TrainerCallback):
         fail_on_nan: bool = True,
         notebook_metrics: set[str] | None = None,
         checkpoint_every: float = 0.0,
+        hold_after_eval: float = 0.0,
     ) -> None:
         self.paths = paths
+        # A sweep's trial under a pruner: after an evaluation (not the last step's) the run waits, up to this
+        # many seconds, until its sweep's driver has read the evaluation and says go on (control/go-<step>)
+        # or stop (control/stop, pruned): so a pruned trial stops at the evaluation that decided it.
+        self.hold_after_eval = hold_after_eval
         # A checkpoint after the step that ends each ``checkpoint_every`` seconds of training (0: by steps
         # only), so a stop that cannot wait, a crash or running out of memory loses at most that much.
         self.checkpoint_every = checkpoint_every
@@ -249,6 +254,27 @@ class RunDirCallback(TrainerCallback):
             "step_ended": now,
             "steps_timed": self._steps_timed,
         }
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.hold_after_eval <= 0 or not self.is_rank0 or state.global_step >= (state.max_steps or 0):
+            return
+        writer.drain(timeout=10.0)  # the evaluation's record on disk, where the driver reads it
+        go = self.paths.control_file(f"go-{state.global_step}")
+        deadline = time.monotonic() + self.hold_after_eval
+        while time.monotonic() < deadline:
+            if go.exists():
+                go.unlink(missing_ok=True)
+                return
+            if self.stop.requested:
+                control.should_training_stop = True
+                control.should_save = True  # a pruned trial keeps its progress: it may be cloned
+                self._status("stopping", state, force=True, stop_reason=self.stop.reason)
+                return
+            time.sleep(0.05)
+        print(f"nbtrain: no word from the sweep after the evaluation at step {state.global_step} in "
+              f"{self.hold_after_eval:g} s; going on", flush=True)  # fmt: skip
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -31,6 +31,7 @@ import optuna
 from optuna.trial import TrialState
 
 from nbtrain.contract.errors import ConfigError, NbtrainError
+from nbtrain.contract.rundir import request_control
 from nbtrain.control.config.schema.sections import SweepSettings
 from nbtrain.control.launch import process, warm
 from nbtrain.control.prepare import prepare
@@ -40,7 +41,8 @@ from nbtrain.control.start import ClusterBusy, resume, start
 from nbtrain.control.sweep import space
 from nbtrain.control.sweep.folder import PRUNED, STOPPED_BY_SWEEP, SweepPaths, write_json
 
-POLL = 0.5  # s between looks at the trials' runs and the requests
+POLL = 0.2  # s between looks at the trials' runs and the requests
+HOLD_AFTER_EVAL = 30.0  # s a pruned sweep's trial waits after an evaluation for the driver's word
 WRITE_EVERY = 2.0  # s between rewrites of trials.json while nothing but steps changed
 
 
@@ -57,8 +59,12 @@ def sampler(s: SweepSettings, budget: int) -> optuna.samplers.BaseSampler:
 
 
 def pruner(s: SweepSettings, budget: int, max_steps: int | None) -> optuna.pruners.BasePruner:
-    if s.prune == "median":  # after a few trials finished: each one's value at a step is compared with theirs
-        return optuna.pruners.MedianPruner(n_startup_trials=min(5, max(1, budget // 4)), n_warmup_steps=0)
+    if s.prune == "median":
+        # after a few trials finished, each one's value at a step is compared with theirs, from a quarter of
+        # the steps on (the first evaluation's loss says little of where a trial ends)
+        warmup = max_steps // 4 if max_steps else 0
+        startup = min(5, max(1, budget // 4))
+        return optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup)
     if s.prune == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max_steps or "auto")
     return optuna.pruners.NopPruner()
@@ -136,6 +142,8 @@ class Driver:
                 "name": self.name,
                 "dir": str(self.paths.root),
                 "trial": trial.number,
+                # under a pruner the run waits after each evaluation for the driver's word (go on or stop)
+                "hold_after_eval": HOLD_AFTER_EVAL if self.settings.prune != "none" else 0,
             }
             run = start(prep)
         except ClusterBusy as e:  # the course's cap on the cluster: it starts once one of the student's ends
@@ -174,14 +182,17 @@ class Driver:
         return self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
 
     def poll(self, a: Active) -> None:
-        """New metrics to the pruner; a run that ended, to the study."""
-        self.read_metrics(a)
+        """New metrics to the pruner; a run that ended, to the study (its last evaluations are its value,
+        never a reason to prune it: a run read late, already at its end, has nothing left to save)."""
         st = a.run.status()
+        self.read_metrics(a, may_prune=not st.done)
+        if not st.done:
+            st = a.run.status()
         if st.done:
-            self.read_metrics(a)  # what it logged between the read above and its final status
+            self.read_metrics(a, may_prune=False)  # what it logged between the read above and its end
             self.ended(a, st.state, st.error, st.stop_reason)
 
-    def read_metrics(self, a: Active) -> None:
+    def read_metrics(self, a: Active, *, may_prune: bool) -> None:
         metric = self.settings.metric
         for rec in a.tail.read():
             v, step = rec.get(metric), rec.get("step")
@@ -196,8 +207,10 @@ class Driver:
             st = a.run.status()
             a.max_steps = st.max_steps
             final = st.max_steps is not None and step >= st.max_steps
-            if not final and a.trial.should_prune():
+            if may_prune and not final and a.trial.should_prune() and not a.run.status().done:
                 self.prune(a, step, float(v))
+            elif not final:
+                request_control(a.run.paths, f"go-{step}")  # the run waits for this after the evaluation
 
     def prune(self, a: Active, step: int, value: float) -> None:
         reason = self._prune_reason(a.trial.number, step, value)

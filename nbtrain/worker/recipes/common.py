@@ -163,9 +163,12 @@ def run_callback(run: RunContext, notebook_metrics: set[str] | None = None) -> A
     from nbtrain.worker.measure import ModelStateMeter
 
     limit = run.args.get("save_total_limit")
+    sweep = run.resolved.get("sweep") or {}
     return RunDirCallback(
         run.paths,
         run.stop,
+        # a pruned sweep's trial: after each evaluation, its sweep's driver decides whether it goes on
+        hold_after_eval=float(sweep.get("hold_after_eval") or 0.0) if isinstance(sweep, dict) else 0.0,
         meter=ModelStateMeter() if run.probe else None,
         save_total_limit=int(limit) if limit is not None else None,
         fail_on_nan=run.cfg.get("on_nan", "fail") == "fail",  # absent from older run directories

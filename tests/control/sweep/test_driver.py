@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from nbtrain.contract.errors import NbtrainError
+from nbtrain.contract.rundir import latest_complete_checkpoint
 from nbtrain.control.prepare import prepare
 from nbtrain.control.runs.run import all_runs, get_run
 from nbtrain.control.sweep.folder import PRUNED, STOPPED_BY_SWEEP
@@ -36,7 +37,10 @@ def test_a_pruned_trial_stops_at_an_evaluation_point_and_reads_pruned_with_the_r
     first, second = st.trials
     assert (first["state"], second["state"]) == ("completed", "pruned"), st.trials
     # the reason names the step, the metric's value and what it was compared with
-    step = min(int(k) for k in second["evaluations"])
+    # not at its first evaluation (a quarter of the steps is the median pruner's warm-up) but at the next
+    evaluated = sorted(int(k) for k in second["evaluations"])
+    step = evaluated[1]
+    assert evaluated == [4, 8] and step > 20 // 4
     assert second["reason"] == (
         f"pruned at step {step}: eval_loss {second['evaluations'][str(step)]:.4g} is higher than the median "
         f"{first['evaluations'][str(step)]:.4g} of the 1 finished trial at that step"
@@ -45,7 +49,8 @@ def test_a_pruned_trial_stops_at_an_evaluation_point_and_reads_pruned_with_the_r
     run = get_run(second["run_dir"])
     rst = run.status()
     assert (rst.state, rst.stop_reason) == ("stopped", PRUNED)
-    assert step <= rst.step < 20, rst
+    assert rst.step == step, rst  # it waited there for the driver's word (hold_after_eval), then stopped
+    assert latest_complete_checkpoint(run.paths) is not None  # and kept its progress: it can be cloned
     assert first["value"] == first["evaluations"]["20"]  # a finished trial's value: the metric's last
     assert st.best == 0 and "best: trial 0 eval_loss" in st.describe()
 
@@ -57,12 +62,15 @@ def test_each_trial_is_an_ordinary_run_marked_with_its_sweep_and_the_best_is_a_c
     for t in st.trials:
         run = get_run(t["run_dir"])
         assert run.name == f"lr-t{t['number']:03d}"
-        assert run.resolved["sweep"] == {
+        # (a pruned sweep's trial waits after each evaluation for the driver's word: go on, or stop)
+        sweep = {
             "id": s.id,
             "name": "lr",
             "dir": str(s.paths.root),
             "trial": t["number"],
+            "hold_after_eval": 30,
         }
+        assert run.resolved["sweep"] == sweep
         assert run.config["train"]["learning_rate"] == t["params"]["train.learning_rate"]
     cell = s.best_config()
     assert cell.startswith(f"# the best trial (0) of sweep {s.id}: learning_rate=0.003\n")
