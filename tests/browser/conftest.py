@@ -137,6 +137,17 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, str]]:
         log.close()
 
 
+def no_news_toast(lab_dir: Path) -> None:
+    """No "get notified about Jupyter news?" toast over the pictures: the user setting of the lab started
+    in ``lab_dir`` (the ``lab`` fixture's JUPYTER_CONFIG_DIR), read when the page loads."""
+    news = (
+        lab_dir
+        / "jupyter_config/lab/user-settings/@jupyterlab/apputils-extension/notification.jupyterlab-settings"
+    )
+    news.parent.mkdir(parents=True, exist_ok=True)
+    news.write_text('{"fetchNews": "false"}')
+
+
 def write_notebook(path: Path, cells: list[Any]) -> Path:
     """A Python 3 notebook at ``path``: each cell a source string (code) or an nbformat cell."""
     import nbformat

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import lab_page, write_notebook
+from tests.browser.conftest import lab_page, no_news_toast, write_notebook
 from tests.browser.test_notebook_e2e import LOSS_POINTS_JS, _kernel_idle
 from tests.conftest import ROOT, lora_yaml
 
@@ -64,13 +64,7 @@ def test_dashboard_mid_run_and_completed(
     from playwright.sync_api import expect
 
     url, token = lab
-    # no "get notified about Jupyter news?" toast over the pictures (the lab's user settings, read at load)
-    news = (
-        tmp_path
-        / "jupyter_config/lab/user-settings/@jupyterlab/apputils-extension/notification.jupyterlab-settings"
-    )
-    news.parent.mkdir(parents=True, exist_ok=True)
-    news.write_text('{"fetchNews": "false"}')
+    no_news_toast(tmp_path)
     write_notebook(workdir / "shots.ipynb", ["%load_ext nbtrain", CELL])
 
     with lab_page(lab, "lab/tree/shots.ipynb", {"width": 1200, "height": 1100}) as (browser, page, errors):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import lab_page, write_notebook
+from tests.browser.conftest import lab_page, no_news_toast, write_notebook
 from tests.browser.test_notebook_e2e import _kernel_idle
 from tests.conftest import sweep_yaml
 
@@ -29,13 +29,7 @@ def test_a_sweeps_view_follows_it_after_its_kernel_is_gone_and_inserts_the_best_
     from playwright.sync_api import expect
 
     url, token = lab
-    # no "get notified about Jupyter news?" toast over the pictures (the lab's user settings, read at load)
-    news = (
-        workdir
-        / "jupyter_config/lab/user-settings/@jupyterlab/apputils-extension/notification.jupyterlab-settings"
-    )
-    news.parent.mkdir(parents=True, exist_ok=True)
-    news.write_text('{"fetchNews": "false"}')
+    no_news_toast(workdir)
     cell = "%%finetune\n" + sweep_yaml("[3.0e-3, 2.0e-3, 1.0e-3]", 30)
     nb = write_notebook(workdir / "sweep.ipynb", ["%load_ext nbtrain", cell])
     with lab_page(lab, "lab/tree/sweep.ipynb", {"width": 1300, "height": 1500}) as (_, page, errors):
