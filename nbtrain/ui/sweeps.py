@@ -89,8 +89,8 @@ class SweepView:
                 out[t["number"]] = (s.x.tolist(), s.y.tolist())
         return out
 
-    def figure(self) -> go.Figure:
-        st = self.sweep.status()
+    def figure(self, st: core.SweepStatus | None = None) -> go.Figure:
+        st = st or self.sweep.status()
         return sweep_figure(
             st.trials,
             title=self.title(st),
@@ -112,20 +112,21 @@ class SweepView:
             sub = f"failed: {st.error}"
         return f"{head}<br><span style='font-size:12px;color:#6b7280'>{sub}</span>"
 
-    def text(self) -> str:
-        return f"sweep {self.sweep.id}: {self.sweep.status().describe()}"
+    def text(self, st: core.SweepStatus | None = None) -> str:
+        return f"sweep {self.sweep.id}: {(st or self.sweep.status()).describe()}"
 
-    def bundle(self) -> dict[str, Any]:
+    def bundle(self, st: core.SweepStatus | None = None) -> dict[str, Any]:
         """The figure for every frontend, and for nbtrain's lab extension (ranked above plotly) the sweep's
         id: its view reads the sweep through the server, kernel or not (labextension/src/sweepview.ts)."""
         from nbtrain.ui.dashboard import static_bundle
 
-        bundle = static_bundle(self.figure(), self.text())
+        st = st or self.sweep.status()  # read once: trials.json and the driver's liveness
+        bundle = static_bundle(self.figure(st), self.text(st))
         bundle[SWEEP_VIEW_MIME] = {"sweep_id": self.sweep.id, "name": self.sweep.name}
         return bundle
 
-    def _signature(self) -> tuple[Any, ...]:
-        st = self.sweep.status()
+    def signature(self, st: core.SweepStatus) -> tuple[Any, ...]:
+        """Changes whenever the figure would: the sweep's state, its trials' states, their metrics' sizes."""
         sizes = tuple(
             _size(Path(t["run_dir"], "metrics.jsonl")) if t.get("run_dir") else 0 for t in st.trials
         )
@@ -134,21 +135,23 @@ class SweepView:
     def show(self, *, background: bool = True) -> None:
         from nbtrain.control.jobs.grading import CellOutput
 
-        self.out = CellOutput(self.bundle())
-        if background and not self.sweep.status().done:
+        st = self.sweep.status()
+        self.out = CellOutput(self.bundle(st))
+        if background and not st.done:
             self.thread = threading.Thread(target=self._loop, daemon=True, name=f"sweep view {self.sweep.id}")
             self.thread.start()
 
     def _loop(self) -> None:
-        seen = self._signature()
+        seen = self.signature(self.sweep.status())
         while not self._stop.wait(REFRESH):
-            sig = self._signature()
+            st = self.sweep.status()
+            sig = self.signature(st)
             if sig == seen:
                 continue
             seen = sig
-            self.out.update(self.bundle())
+            self.out.update(self.bundle(st))
             self.updates += 1
-            if self.sweep.status().done or sig[0] == "interrupted":
+            if st.done or st.state == "interrupted":
                 return
 
     def close(self) -> None:

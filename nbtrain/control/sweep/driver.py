@@ -77,7 +77,6 @@ class Active:
     trial: optuna.Trial
     run: Run
     tail: JsonlTail
-    max_steps: int | None = None
     reported: set[int] = field(default_factory=set)
     last: float | None = None  # the metric's last logged value
     stopping: str | None = None  # why the driver asked the run to stop (pruned, the sweep's stop)
@@ -205,7 +204,6 @@ class Driver:
             a.trial.report(float(v), step)
             a.reported.add(step)
             st = a.run.status()
-            a.max_steps = st.max_steps
             final = st.max_steps is not None and step >= st.max_steps
             if may_prune and not final and a.trial.should_prune() and not a.run.status().done:
                 self.prune(a, step, float(v))

@@ -29,9 +29,6 @@ from nbtrain.contract.paths import runs_root
 from nbtrain.contract.rundir import MAX_JSON_BYTES, atomic_write_json, read_json
 
 SWEEPS = "sweeps"  # under the runs root
-# A trial's states as views show them: Optuna's, with its FAIL split into what happened.
-TRIAL_STATES = ("queued", "running", "completed", "pruned", "failed", "stopped")
-SWEEP_STATES = ("running", "completed", "stopped", "failed")
 # A trial's run stopped with this stop_reason was stopped by its sweep's stop: it goes on when the sweep
 # resumes (any other stop ends the trial as stopped).
 STOPPED_BY_SWEEP = "sweep stopped"

@@ -46,11 +46,11 @@ def sweep_figure(sweep_id: str, since: str | None = None) -> dict[str, Any]:
     is the version it would have)."""
     view = _view(sweep_id)
     st = view.sweep.status()
-    version = json.dumps(view._signature(), default=str)
+    version = json.dumps(view.signature(st), default=str)
     out: dict[str, Any] = {"version": version, "state": st.state, "done": st.done, "text": st.describe()}
     if since == version:
         return {**out, "figure": None}
-    fig = view.figure()
+    fig = view.figure(st)
     fig.update_layout(width=None, autosize=True)
     return {**out, "figure": json.loads(fig.to_json())}
 

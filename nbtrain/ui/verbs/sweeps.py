@@ -105,7 +105,9 @@ def sweep_in_terminal(result: Any, a: Args) -> int:
     if isinstance(result, list):
         for s in result:
             print(f"{s.id}  {s.status().describe()}")
-        return 0 if result else (print("no sweeps yet") or 0)
+        if not result:
+            print("no sweeps yet")
+        return 0
     if getattr(a, "action", None) in (None, "status") and not a.wait:
         print(table(result))
         return 0
