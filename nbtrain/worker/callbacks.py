@@ -15,6 +15,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from nbtrain.contract.rundir import JsonlWriter, RunPaths, mark_complete, rotate_checkpoints, write_status
 from nbtrain.worker import writer
 from nbtrain.worker.control import StopControl
+from nbtrain.worker.threads import CpuThreads
 
 # Keys renamed to the run-directory contract; everything else numeric is kept as logged.
 _RENAME = {"learning_rate": "lr", "num_input_tokens_seen": "tokens"}
@@ -105,8 +106,11 @@ class RunDirCallback(TrainerCallback):
         notebook_metrics: set[str] | None = None,
         checkpoint_every: float = 0.0,
         hold_after_eval: float = 0.0,
+        threads: CpuThreads | None = None,
     ) -> None:
         self.paths = paths
+        # a one-process CPU run: torch's threads follow the cores other processes leave free (worker/threads)
+        self.threads = threads
         # A sweep's trial under a pruner: after an evaluation (not the last step's) the run waits, up to this
         # many seconds, until its sweep's driver has read the evaluation and says go on (control/go-<step>)
         # or stop (control/stop, pruned): so a pruned trial stops at the evaluation that decided it.
@@ -175,6 +179,15 @@ class RunDirCallback(TrainerCallback):
         self._status("running", state, force=True, phase=None, download=None, step_seconds=None,
                      step_ended=None, steps_timed=0)  # fmt: skip
         self.write_system(memory_sample())
+        self._follow_cores(state, force=True)
+
+    def _follow_cores(self, state: TrainerState, force: bool = False) -> None:
+        if self.threads is None:
+            return
+        n = self.threads.adjust(state.global_step, force=force)
+        if n is not None:  # the change, in system.jsonl beside the memory samples
+            rec = {"t": time.time(), "rank": rank(), "step": state.global_step, "threads": n}
+            self.write_system({**rec, "others_busy": round(self.threads.others, 2)})
 
     def on_log(
         self,
@@ -280,6 +293,7 @@ class RunDirCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         timing = self._step_timing()
+        self._follow_cores(state)
         stop, checkpoint = self._requests_agreed(args)
         if stop and not control.should_training_stop:
             control.should_training_stop = True

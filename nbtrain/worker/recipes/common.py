@@ -161,6 +161,7 @@ def run_callback(run: RunContext, notebook_metrics: set[str] | None = None) -> A
     ``notebook_metrics``: the names ``hooks: compute_metrics`` returns, marked in metrics.jsonl."""
     from nbtrain.worker.callbacks import RunDirCallback
     from nbtrain.worker.measure import ModelStateMeter
+    from nbtrain.worker.threads import follower
 
     limit = run.args.get("save_total_limit")
     sweep = run.resolved.get("sweep") or {}
@@ -173,6 +174,7 @@ def run_callback(run: RunContext, notebook_metrics: set[str] | None = None) -> A
         save_total_limit=int(limit) if limit is not None else None,
         fail_on_nan=run.cfg.get("on_nan", "fail") == "fail",  # absent from older run directories
         notebook_metrics=notebook_metrics,
+        threads=follower(run.resolved),
         # a checkpoint by training time too (none where the run saves none: save_strategy no, a probe)
         checkpoint_every=60.0 * float(run.cfg.get("checkpoint_minutes") or 0)
         if introspect.value(run.args, "save_strategy", run.objective) != "no"
