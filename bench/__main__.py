@@ -208,6 +208,19 @@ def _sweep(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     return [(what, text, "<= 0.50x the cold runs"), (reach, tpe, "")]
 
 
+def _threads(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """bench_threads.py: a CPU run beside a busy process, torch's fixed threads vs nbtrain's followed ones."""
+    rows = []
+    for label in ("tiny", "smollm2-135m"):
+        if label in d:
+            r, m = d[label], d[label]["median_s"]
+            rows.append((f"beside a busy process ({label}, {r['steps']} steps): fixed / followed threads",
+                         f"**{_x(r['fixed_over_followed_busy'])}** ({m['busy_fixed']:.1f} s vs "
+                         f"{m['busy_followed']:.1f} s; idle {m['idle_followed']:.1f} s)",
+                         ">= 2.00x (tiny)" if label == "tiny" else ""))  # fmt: skip
+    return rows
+
+
 def _real(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     """bench_real.py: SmolLM2-135M, the same LoRA job side by side; any subset of its systems."""
     m, mfu, rows = d["median"], d["mfu"], []
@@ -232,6 +245,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str]]]] = {
     "overhead": _overhead, "llamafactory": _llamafactory, "latency": _latency, "estimator": _estimator,
     "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu, "gpu_run1": _gpu,
     "warm_jobs": _warm_jobs, "msswift": _msswift, "gguf": _gguf, "serving": _serving, "sweep": _sweep,
+    "threads": _threads,
 }  # fmt: skip
 
 

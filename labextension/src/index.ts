@@ -18,7 +18,7 @@ import { setRenderers } from './runfigure';
 import { RunPage } from './runpage';
 import { watchKernelLoss } from './kernellost';
 import { ATTACH_EVENT, IAttachRequest, OPEN_PAGE_EVENT } from './runview';
-import { IInsertCellRequest, INSERT_CELL_EVENT } from './sweepview';
+import { IInsertCellRequest, INSERT_CELL_EVENT, SweepPage } from './sweepview';
 import { RunsStatus } from './statusbar';
 import { RunsSidebar } from './sidebar';
 import { toCellPlugin } from './tocell';
@@ -155,6 +155,26 @@ const runsPlugin: JupyterFrontEndPlugin<void> = {
         app.shell.activateById(page.id);
       }
     };
+    const sweepPages = new Map<string, SweepPage>();
+    const openSweep = (sweepId: string, name: string): void => {
+      const tabs = notebook7 ? treeTabs() : null;
+      let page = sweepPages.get(sweepId);
+      if (!page || page.isDisposed) {
+        page = new SweepPage(sweepId, name);
+        sweepPages.set(sweepId, page);
+        page.disposed.connect(() => sweepPages.delete(sweepId));
+        if (tabs) {
+          tabs.addWidget(page);
+        } else {
+          app.shell.add(page, 'main');
+        }
+      }
+      if (tabs) {
+        tabs.currentWidget = page;
+      } else {
+        app.shell.activateById(page.id);
+      }
+    };
     if (notebook7) {
       const asked = new URLSearchParams(window.location.search).get(PAGE_PARAM);
       if (asked) {
@@ -171,9 +191,11 @@ const runsPlugin: JupyterFrontEndPlugin<void> = {
     // a run view whose kernel was lost re-attaches: a live view in a new cell below its own
     document.addEventListener(INSERT_CELL_EVENT, e => {
       const { node, source, done } = (e as CustomEvent<IInsertCellRequest>).detail;
-      const panel = tracker?.find(p => p.node.contains(node));
+      // an output: below its cell; a page of the main area (a sweep's): below the active cell of the
+      // notebook last used
+      const panel = tracker?.find(p => p.node.contains(node)) ?? tracker?.currentWidget;
       if (!panel) {
-        done('this output is in no notebook open here');
+        done('no notebook is open: open one, then try again');
         return;
       }
       const notebook = panel.content;
@@ -191,7 +213,7 @@ const runsPlugin: JupyterFrontEndPlugin<void> = {
       watchKernelLoss(tracker);
     }
 
-    const sidebar = new RunsSidebar({ model, openDashboard, openPage });
+    const sidebar = new RunsSidebar({ model, openDashboard, openPage, openSweep });
     sidebar.title.icon = runsIcon;
     app.shell.add(sidebar, 'left', { rank: 600 });
 

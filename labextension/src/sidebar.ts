@@ -45,6 +45,8 @@ export interface ISidebarOptions {
   openDashboard: (runId: string) => Promise<string | null>;
   // Opens (or brings forward) the run's page in the main area: no notebook or kernel needed.
   openPage: (runId: string, name: string) => void;
+  // Opens (or brings forward) a sweep's page: its view (sweepview.ts) in the main area.
+  openSweep: (sweepId: string, name: string) => void;
 }
 
 interface IGroup {
@@ -68,6 +70,7 @@ export class RunsSidebar extends Widget {
     this._model = options.model;
     this._openDashboard = options.openDashboard;
     this._openPage = options.openPage;
+    this._openSweep = options.openSweep;
     this.addClass('nbtrain-sidebar');
     this.id = 'nbtrain-runs';
     this.title.caption = 'Training runs';
@@ -273,6 +276,12 @@ export class RunsSidebar extends Widget {
     row.querySelectorAll('button').forEach(button =>
       button.addEventListener('click', () => void this._act(runId, button.dataset.action!))
     );
+    row.querySelector('.nbtrain-run-sweep')!.addEventListener('click', () => {
+      const sweep = this._model.runs.find(r => r.id === runId)?.sweep;
+      if (sweep) {
+        this._openSweep(sweep.id, sweep.name);
+      }
+    });
     return row;
   }
 
@@ -297,6 +306,7 @@ export class RunsSidebar extends Widget {
     const sweep = q('.nbtrain-run-sweep');
     sweep.textContent = run.sweep ? `trial ${run.sweep.trial} of sweep ${run.sweep.name}` : '';
     sweep.style.display = run.sweep ? '' : 'none';
+    sweep.title = run.sweep ? `open sweep ${run.sweep.name}: every trial, and what to do with them` : '';
     q('.nbtrain-run-folder').title = run.run_dir;
     const frac = run.state === 'completed' ? 1 : progressFraction(run.step, run.max_steps);
     q('.nbtrain-progress-bar').style.width = `${(frac * 100).toFixed(1)}%`;
@@ -414,6 +424,7 @@ export class RunsSidebar extends Widget {
   private _model: RunsModel;
   private _openDashboard: (runId: string) => Promise<string | null>;
   private _openPage: (runId: string, name: string) => void;
+  private _openSweep: (sweepId: string, name: string) => void;
   private _filter: HTMLInputElement;
   private _status: HTMLDivElement;
   private _active: IGroup;

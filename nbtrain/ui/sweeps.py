@@ -132,11 +132,17 @@ class SweepView:
         )
         return st.state, len(st.trials), tuple(t["state"] for t in st.trials), sizes
 
-    def show(self, *, background: bool = True) -> None:
+    def show(self, *, background: bool = True, into: Any = None) -> None:
+        """Display the view in the cell that runs (or in ``into``, anything with ``update(bundle)``: the
+        panel's output widget), and keep it current from a thread while the sweep runs."""
         from nbtrain.control.jobs.grading import CellOutput
 
         st = self.sweep.status()
-        self.out = CellOutput(self.bundle(st))
+        if into is None:
+            self.out = CellOutput(self.bundle(st))
+        else:
+            self.out = into
+            into.update(self.bundle(st))
         if background and not st.done:
             self.thread = threading.Thread(target=self._loop, daemon=True, name=f"sweep view {self.sweep.id}")
             self.thread.start()

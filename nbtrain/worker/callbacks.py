@@ -186,7 +186,13 @@ class RunDirCallback(TrainerCallback):
             return
         n = self.threads.adjust(state.global_step, force=force)
         if n is not None:  # the change, in system.jsonl beside the memory samples
-            rec = {"t": time.time(), "rank": rank(), "step": state.global_step, "threads": n}
+            rec = {
+                "t": time.time(),
+                "rank": rank(),
+                "event": "threads",
+                "step": state.global_step,
+                "threads": n,
+            }
             self.write_system({**rec, "others_busy": round(self.threads.others, 2)})
 
     def on_log(

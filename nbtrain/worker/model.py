@@ -192,7 +192,9 @@ def load_model(
     if attn:
         kwargs["attn_implementation"] = attn
     auto, head = auto_class(cfg)
-    model: Any = auto.from_pretrained(cfg["model"], **kwargs, **head)
+    # init_from: a full run starts from an earlier run's model (a LoRA run: its adapter, below)
+    weights = cfg.get("init_from") if method == "full" and cfg.get("init_from") else cfg["model"]
+    model: Any = auto.from_pretrained(weights, **kwargs, **head)
     if method == "full" and is_vision(cfg):
         freeze_vision(model, cfg)
     if method == "qlora":
@@ -217,8 +219,30 @@ def load_model(
             int(introspect.value(args, "seed", str(cfg.get("objective", "sft"))))
         )  # adapter init is random: seed it for reproducible runs
         model = get_peft_model(model, lora_config(cfg, model))
+        if cfg.get("init_from"):
+            load_adapter_weights(model, Path(cfg["init_from"]))
         report_trainable(model, method)
     return model
+
+
+def load_adapter_weights(model: Any, folder: Path) -> None:
+    """``init_from:`` for a LoRA run: the adapter weights of an earlier run (a checkpoint or its output) in
+    place of the fresh ones; every adapter weight of this run must come from it, and every one of its own
+    must be used (else the two adapters differ in shape or target modules: RuntimeError saying so)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    result: Any = set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    unused = list(result.unexpected_keys)
+    if missing or unused:
+        example = (missing or unused)[0]
+        raise RuntimeError(
+            f"the adapter in {folder} does not fit this run's LoRA (other target modules or layers?): "
+            f"{len(missing)} of this run's adapter weights are not in it, {len(unused)} of its weights have "
+            f"no place here (e.g. {example})"
+        )
+    print(f"nbtrain: LoRA adapter weights from {folder} (init_from)", flush=True)
 
 
 def auto_class(cfg: dict[str, Any]) -> tuple[Any, dict[str, Any]]:

@@ -11,7 +11,8 @@ CPU the other processes used (the machine's busy time less its own) and keeps a 
 left free, at least one, at most its share (a sweep's trial) or the cores.
 
 Not used where the user set ``OMP_NUM_THREADS`` (their number stands) or under a launcher that gives each
-rank its own (torchrun, deepspeed: several ranks).
+rank its own (torchrun, deepspeed: several ranks). The one-off jobs and the model server (``settle``) look
+once, as they start, and keep that count: their threads (a server's generations) inherit it.
 """
 
 from __future__ import annotations
@@ -86,6 +87,17 @@ class CpuThreads:
         if not first or n != self.cores:
             self.log(f"nbtrain: {n} CPU thread{'s' if n > 1 else ''}{when}: {busy}")
         return n
+
+
+def settle(window: float = 0.3, log: Callable[[str], None] = print) -> int | None:
+    """For a job or a server on a CPU, as it starts: torch's threads for the cores other processes left free
+    over ``window`` seconds (None, and torch's own count, where the user set ``OMP_NUM_THREADS``); the
+    threads this process starts later inherit it. What llama.cpp is given too (``torch.get_num_threads``)."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    t = CpuThreads(psutil.cpu_count() or 1, log)
+    time.sleep(window)
+    return t.adjust(force=True)
 
 
 def follower(resolved: dict[str, object]) -> CpuThreads | None:

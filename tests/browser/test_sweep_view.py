@@ -1,6 +1,8 @@
 """A sweep's view in a real JupyterLab (headless chromium): a %%finetune cell with a sweep: section shows the
 sweep's figure; with its kernel shut down and the page reloaded, the view goes on following the sweep from
-its folder to its end, every trial in it; Best → cell puts the winning config in a cell below."""
+its folder to its end, every trial in it; Best → cell puts the winning config in a cell below; a trial cloned
+with a key changed runs as a new trial, which Stop trial stops while the sweep goes on; the sidebar's trial
+chip opens the sweep's page."""
 
 from __future__ import annotations
 
@@ -81,4 +83,47 @@ def test_a_sweeps_view_follows_it_after_its_kernel_is_gone_and_inserts_the_best_
         page.locator(".nbtrain-filter").fill("sweep lr")
         expect(page.locator(".nbtrain-run")).to_have_count(3)
         page.locator("#nbtrain-runs").screenshot(path=str(shots / "sidebar-trials.png"))
+
+        # the chip opens the sweep's page: the same view in the main area
+        chips.first.click()
+        sweep_page = page.locator(".nbtrain-sweep-page")
+        expect(sweep_page.locator(".nbtrain-sweep-text")).to_contain_text(
+            "completed: 3/3 trials", timeout=30_000
+        )
+        expect(sweep_page.locator(".js-plotly-plot")).to_have_count(1, timeout=30_000)
+        expect(page.locator(".lm-TabBar-tab", has_text="sweep lr")).to_have_count(1)
+
+        # clone trial 0 with a key outside the space changed (long enough to stop): a fourth trial, stopped
+        # from the view while it runs; the sweep ends with it said so
+        pick = sweep_page.locator(".nbtrain-sweep-pick")
+        expect(pick.locator("option")).to_have_count(3)
+        pick.select_option("0")
+        assert sweep_page.locator(".nbtrain-sweep-trialstop").is_disabled()  # trial 0 has ended
+        sweep_page.locator(".nbtrain-sweep-set").fill("train.max_steps=5000")
+        sweep_page.locator(".nbtrain-sweep-fromckpt").check()  # from trial 0's weights (its output)
+        sweep_page.locator(".nbtrain-sweep-clone").click()
+        note = sweep_page.locator(".nbtrain-sweep-note")
+        expect(note).to_contain_text(
+            "trial 0 cloned (train.max_steps=5000, from its checkpoint)", timeout=30_000
+        )
+        expect(pick.locator("option")).to_have_count(4, timeout=60_000)
+        pick.select_option("3")
+        expect(pick.locator("option:checked")).to_contain_text("max_steps=5000 · running", timeout=120_000)
+        sweep_page.screenshot(path=str(shots / "sweep-page-clone-running.png"))
+        stop = sweep_page.locator(".nbtrain-sweep-trialstop")
+        expect(stop).to_be_enabled()
+        stop.click()
+        expect(note).to_have_text("trial 3 stopped; the sweep goes on", timeout=180_000)
+        expect(sweep_page.locator(".nbtrain-sweep-text")).to_contain_text(
+            "completed: 4/4 trials (3 completed, 1 stopped)", timeout=60_000
+        )
+        sweep_page.screenshot(path=str(shots / "sweep-page-done.png"))
+    # the clone started from trial 0's adapter: its config says so and its worker loaded it
+    from nbtrain.control.sweep.sweep import get_sweep
+
+    clone = get_sweep(str(next((workdir / "runs" / "sweeps").iterdir()))).trial_run(3)
+    assert clone.resolved["config"]["init_from"] == str(
+        get_sweep(clone.resolved["sweep"]["dir"]).trial_run(0).paths.output
+    )
+    assert "LoRA adapter weights from" in (clone.dir / "logs" / "rank0.log").read_text()
     assert not errors, errors

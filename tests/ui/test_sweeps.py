@@ -87,3 +87,32 @@ def test_a_finetune_cell_with_a_sweep_starts_it_and_best_inserts_the_winning_cel
 
     with pytest.raises(nbtrain.NbtrainError, match=r"has a sweep: section.*nbtrain.sweep\(config\)"):
         nbtrain.finetune(sweep_yaml("[3.0e-3]", 6))
+
+
+def test_the_views_routes_list_its_trials_and_refuse_a_clone_they_cannot_read(
+    pruned_sweep: tuple[CoreSweep, SweepStatus],
+) -> None:
+    from nbtrain.contract.errors import NbtrainError
+    from nbtrain.ui.server.sweeps import set_pairs, sweep_act, sweep_figure
+
+    core, st = pruned_sweep
+    reply = sweep_figure(core.id)
+    assert [(t["number"], t["state"]) for t in reply["trials"]] == [(0, "completed"), (1, "pruned")]
+    assert reply["trials"][0]["label"] == "0 · learning_rate=0.003 · completed"
+    assert reply["trials"][1]["run_id"] == st.trials[1]["run_id"]
+    assert set_pairs("train.learning_rate=2.0e-4; lora.r=16\ndata.eval_split=0.2") == {
+        "train.learning_rate": 2.0e-4, "lora.r": 16, "data.eval_split": 0.2,
+    }  # fmt: skip
+    for body, why in [
+        ({"set": "lora.r=16"}, "which trial"),
+        ({"trial": True, "set": ""}, "which trial"),
+        ({"trial": 0, "set": "lora.r"}, "give KEY=VALUE"),
+        ({"trial": 0, "set": "x" * 10_001}, "which trial"),
+        ({"trial": 7, "set": ""}, "no trial 7"),
+        ({"trial": 0, "set": "train.learning_rate=-1"}, "learning_rate"),
+    ]:
+        with pytest.raises(NbtrainError, match=why):
+            sweep_act(core.id, "clone", body)
+    with pytest.raises(NbtrainError, match="not 'delete'"):
+        sweep_act(core.id, "delete", {})
+    assert core.status().budget == st.budget  # nothing was asked of the sweep

@@ -81,6 +81,30 @@ def test_only_one_process_runs_on_a_cpu_follow_the_load(monkeypatch: pytest.Monk
     assert follower({"plan": cpu}) is None
 
 
+def test_a_job_or_server_settles_once_on_the_free_cores_and_its_threads_inherit_them() -> None:
+    code = (
+        "import threading, torch\n"
+        "from nbtrain.worker.threads import settle\n"
+        "n = settle()\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(torch.get_num_threads())); t.start(); t.join()\n"
+        "print(n, torch.get_num_threads(), seen[0])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    with busy_core():
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+        )
+    assert out.returncode == 0, out.stderr
+    n, main, thread = out.stdout.split()[-3:]
+    cores = psutil.cpu_count() or 1
+    assert int(n) <= cores - 1 and main == thread == n, out.stdout
+    assert "CPU thread" in out.stdout and "other processes kept" in out.stdout
+    mine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**env, "OMP_NUM_THREADS": "2"})  # fmt: skip
+    assert mine.stdout.split()[-3] == "None"  # the user's number stands
+
+
 @pytest.mark.slow
 def test_a_run_beside_a_busy_process_trains_on_the_free_core_and_says_so(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch

@@ -24,7 +24,12 @@ from nbtrain.control.config.rewardmodels import RunLookup
 from nbtrain.control.config.rules.data import chat_template_key, check_sources, data_sections, preprocess_hook
 from nbtrain.control.config.rules.distributed import check_distributed
 from nbtrain.control.config.rules.method import method_sections
-from nbtrain.control.config.rules.model import check_model, lora_layers_problem, lora_targets_problem
+from nbtrain.control.config.rules.model import (
+    check_init_from,
+    check_model,
+    lora_layers_problem,
+    lora_targets_problem,
+)
 from nbtrain.control.config.rules.objective import (
     hooks_sections,
     objective_sections,
@@ -205,8 +210,10 @@ def load_config(
         check_train(train, raw.get("precision", "auto"), probs, known_objective)
     user_ds: dict[str, Any] | None = None
     reward_list: list[str | RewardModelRef] | None = None
+    init_from: Path | None = None
     if cfg is not None:
         method_sections(cfg, probs)
+        init_from = check_init_from(cfg, facts, probs)
         if model_kind == "local" and cfg.lora is not None and isinstance(cfg.lora.target_modules, list):
             names = facts.module_names(facts.resolved(cfg.model))
             why = lora_targets_problem(names, cfg.lora.target_modules) if names else None
@@ -294,6 +301,8 @@ def load_config(
             str(facts.gguf(facts.resolved(cfg.model), cfg.gguf_file).found),
             None,
         )
+    if init_from is not None:
+        updates["init_from"] = str(init_from)
     if reward_list is not None:
         updates["rewards"] = reward_list  # {model: ...} as the worker loads it: a directory or a Hub id
     # A dataset of a dataset_info.json keeps the json as its path (a resume resolves it again); the file or

@@ -21,7 +21,7 @@ from nbtrain.control.launch import process
 from nbtrain.control.launch.process import LaunchFailed
 from nbtrain.control.prepare import Prepared, prepare
 from nbtrain.control.runs import registry
-from nbtrain.control.runs.run import Run, get_run, new_run_id
+from nbtrain.control.runs.run import Run, get_run, last_checkpoint, new_run_id
 from nbtrain.control.sweep import space
 from nbtrain.control.sweep.capacity import capacity
 from nbtrain.control.sweep.folder import STOPPED_BY_SWEEP, SweepPaths, is_sweep_dir, sweeps_root, write_json
@@ -291,19 +291,37 @@ class Sweep:
         self.paths.request("extend", {"add": trials})
         return self.resume()
 
-    def clone(self, trial: int, changes: Mapping[str, Any] | None = None) -> Sweep:
+    def clone(
+        self, trial: int, changes: Mapping[str, Any] | None = None, *, from_checkpoint: bool = False
+    ) -> Sweep:
         """A new trial: trial ``trial``'s values with ``changes`` (dotted keys; ones outside the space are set
-        on its config too)."""
+        on its config too); ``from_checkpoint``: starting from that trial's weights (its last checkpoint, or
+        its output once it ended without one: ``init_from:``), its optimizer and schedule afresh."""
         if not any(t["number"] == trial for t in self.trials()):
             raise NbtrainError(f"sweep {self.id} has no trial {trial} to clone")
+        changes = dict(changes or {})
+        if from_checkpoint:
+            changes["init_from"] = str(self._weights_of(trial))
         base = self.spec["base"]
         src = next(t for t in self.trials() if t["number"] == trial)
-        cfg = space.apply(space.apply(base, {**src["params"], **src.get("set", {})}), dict(changes or {}))
+        cfg = space.apply(space.apply(base, {**src["params"], **src.get("set", {})}), changes)
         prepare(
             cfg, name=f"{self.name}-clone", capture_notebook=False
         )  # a bad change is said here, not later
-        self.paths.request("clone", {"trial": trial, "set": dict(changes or {})})
+        self.paths.request("clone", {"trial": trial, "set": changes})
         return self.resume()
+
+    def _weights_of(self, trial: int) -> Path:
+        run = self.trial_run(trial)
+        found, out = last_checkpoint(run), run.paths.output
+        if found is None and any((out / f).exists() for f in ("config.json", "adapter_config.json")):
+            found = out
+        if found is None:
+            raise NbtrainError(
+                f"trial {trial} of sweep {self.id} has no checkpoint yet ({run.status().describe()}): "
+                "clone it without from_checkpoint, or once it has saved one"
+            )
+        return found
 
     def wait(self, timeout: float | None = None, poll: float = 0.5) -> SweepStatus:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -25,6 +25,7 @@ from nbtrain.control.config.schema import (
     LoraSettings,
     QuantSettings,
     RunConfig,
+    SweepSettings,
 )
 from nbtrain.control.config.trainargs import sft_fields
 
@@ -46,8 +47,9 @@ TOP_ORDER: Final = (
     "distributed",
     "trust_remote_code",
     "name",
+    "sweep",
 )
-SECTIONS: Final = frozenset({"data", "train", "lora", "quantization", "distributed"})
+SECTIONS: Final = frozenset({"data", "train", "lora", "quantization", "distributed", "sweep"})
 
 
 class _Unset:
@@ -185,12 +187,16 @@ class PanelField:
 
 # Field groups, in the order they show, and the steps of the flow they belong to (model -> method -> data
 # -> hyperparameters -> start).
-GROUPS: Final = ("Model", "Method", "LoRA", "QLoRA", "Data", "Training", "Run")
+GROUPS: Final = ("Model", "Method", "LoRA", "QLoRA", "Data", "Training", "Sweep", "Run")
 STEPS: Final = (
     ("Model", "what to fine-tune", ("Model",)),
     ("Method", "how much of it to train, and towards what", ("Method", "LoRA", "QLoRA")),
     ("Data", "what to train on", ("Data",)),
-    ("Hyperparameters", "how long and how fast; an empty box keeps the value it shows", ("Training",)),
+    (
+        "Hyperparameters",
+        "how long and how fast; an empty box keeps the value it shows; values separated by commas: a sweep",
+        ("Training", "Sweep"),
+    ),
     ("Start", "launch it here, or put it in a %%finetune cell", ("Run",)),
 )
 
@@ -207,6 +213,16 @@ STRATEGY_WORDS: Final = {
     "zero2": "ZeRO-2 (DeepSpeed)",
     "zero3": "ZeRO-3 (DeepSpeed)",
     "fsdp": "FSDP (PyTorch)",
+}
+SWEEP_METHOD_WORDS: Final = {
+    "grid": "grid: every combination of the values",
+    "random": "random: trials drawn from them",
+    "tpe": "TPE (Optuna): learns from finished trials",
+}
+PRUNE_WORDS: Final = {
+    "none": "no: every trial runs to its end",
+    "median": "median: worse than earlier trials' median",
+    "hyperband": "Hyperband: successive halving",
 }
 PRECISION_WORDS: Final = {
     "auto": "auto: bf16 where supported",
@@ -390,6 +406,30 @@ def panel_fields() -> list[PanelField]:
             choices=PRECISIONS,
             default=_schema_default(RunConfig, "precision"),
             option_labels=PRECISION_WORDS,
+        ),
+        # shown once a box holds several values (ui/panel/sweepform.py): how the sweep tries them
+        PanelField(
+            "sweep.method",
+            "choice",
+            "Sweep",
+            "Sweep method",
+            choices=get_args(SweepSettings.model_fields["method"].annotation),
+            default="grid",  # the lists typed in the boxes: every combination, unless another is picked
+            option_labels=SWEEP_METHOD_WORDS,
+        ),
+        PanelField("sweep.trials", "scalar", "Sweep", "Trials", placeholder="grid: every combination"),
+        PanelField("sweep.metric", "text", "Sweep", "Metric", placeholder="default eval_loss"),
+        PanelField(
+            "sweep.prune",
+            "choice",
+            "Sweep",
+            "Stop bad trials",
+            choices=get_args(SweepSettings.model_fields["prune"].annotation),
+            default=_schema_default(SweepSettings, "prune"),
+            option_labels=PRUNE_WORDS,
+        ),
+        PanelField(
+            "sweep.at_once", "scalar", "Sweep", "At once", placeholder="default auto (cores and memory)"
         ),
         PanelField(
             "name",

@@ -1,13 +1,14 @@
-"""The panel's run, under its form: the dashboard of the run launched last, Stop (off the kernel thread),
-the run's end watched so Stop is disabled and the status line says how it ended, and the export form of
-a run with trained weights (the launched one once it ends, or a loaded one)."""
+"""The panel's run, under its form: the dashboard of the run launched last (or the view of a sweep, when its
+config has a ``sweep:`` section), Stop (off the kernel thread), the run's end watched so Stop is disabled
+and the status line says how it ended, and the export form of a run with trained weights (the launched one
+once it ends, or a loaded one)."""
 
 from __future__ import annotations
 
 import threading
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
@@ -15,9 +16,22 @@ from nbtrain.contract.errors import NbtrainError
 from nbtrain.control.runs.follow import FollowStopped, follow
 
 if TYPE_CHECKING:
+    from nbtrain.control.prepare import Prepared
     from nbtrain.control.runs.run import Run
     from nbtrain.ui.dashboard import Dashboard
     from nbtrain.ui.export_box import ExportBox
+    from nbtrain.ui.sweeps import Sweep, SweepView
+
+
+class OutputWidget:
+    """A sweep view's output in an ``ipywidgets.Output`` (the panel's), replaced whole at each update: the lab
+    extension renders its sweep MIME there as it does in a cell."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        self.out.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
 
 
 class RunArea:
@@ -30,6 +44,8 @@ class RunArea:
         self._say = say
         self.run: Run | None = None  # the run launched last from this panel
         self.view: Dashboard | None = None  # the dashboard of that run, shown in ``live``
+        self.sweep: Sweep | None = None  # or the sweep launched last, and its view
+        self.sweep_view: SweepView | None = None
         self._watch_stop = threading.Event()
         self.background: list[threading.Thread] = []  # Stops in progress
         self.stop_button = widgets.Button(
@@ -43,6 +59,35 @@ class RunArea:
         self.export_area = widgets.VBox([])  # that run's export form (once it has weights), or a loaded run's
         self.export_box: ExportBox | None = None
 
+    def launch(self, prep: Prepared) -> str:
+        """Start ``prep`` and show it here: a sweep when its config has a ``sweep:`` section, else a run;
+        what the status line says."""
+        if prep.resolved.config.sweep is not None:
+            from nbtrain.ui.sweeps import sweep
+
+            s = sweep(prep.resolved.text, prepared=prep)
+            self.show_sweep(s)
+            return f"started sweep {s.id} ({s.name}): {s.why}"
+        from nbtrain.control.start import start
+
+        run = start(prep)
+        self.show(run)
+        return f"started run {run.id} ({run.name})"
+
+    def show_sweep(self, s: Sweep) -> None:
+        """The sweep's view under the form (as a ``%%finetune`` cell with a sweep shows it); Stop stops it."""
+        from nbtrain.ui.sweeps import SweepView
+
+        self.close_view()
+        self.close_export()
+        self.run, self.sweep = None, s
+        out = widgets.Output()
+        view = SweepView(s)
+        view.show(into=OutputWidget(out))
+        self.sweep_view = view
+        self.live.children = (out,)
+        self.stop_button.disabled = False
+
     def show(self, run: Run) -> None:
         """Show ``run``'s dashboard (the one a ``%%finetune`` cell shows) under the form, kept current by
         its own thread, and keep Stop enabled while the run is active.
@@ -53,8 +98,8 @@ class RunArea:
         """
         from nbtrain.ui.dashboard import Dashboard  # plotly loads on the first launch, not with the panel
 
-        self.run = run
         self.close_view()  # the previous run goes on; only its view here stops
+        self.run, self.sweep = run, None
         self.close_export()
         view = Dashboard(run)
         view.refresh()  # builds its widgets
@@ -105,6 +150,9 @@ class RunArea:
         view, self.view = self.view, None
         if view is not None:
             view.close()
+        sweep_view, self.sweep_view = self.sweep_view, None
+        if sweep_view is not None:
+            sweep_view.close()
         old, self.live.children = self.live.children, ()
         todo = list(old)
         while todo:
@@ -113,6 +161,9 @@ class RunArea:
             w.close()
 
     def stop(self) -> None:
+        if self.sweep is not None:
+            self._stop_sweep(self.sweep)
+            return
         run = self.run
         if run is None:
             raise NbtrainError("no run was launched from this panel yet; Launch one first")
@@ -122,6 +173,22 @@ class RunArea:
         t = threading.Thread(
             target=self._stop_in_background, args=(run,), name="nbtrain-panel-stop", daemon=True
         )
+        self.background = [b for b in self.background if b.is_alive()] + [t]
+        t.start()
+
+    def _stop_sweep(self, s: Sweep) -> None:
+        self.stop_button.disabled = True
+        self._report(
+            None, f"stopping sweep {s.id}: each running trial finishes its step and saves a checkpoint…"
+        )
+
+        def stop() -> None:
+            try:
+                self._report(None, f"sweep {s.id}: {s.stop().describe()} (resume goes on)")
+            except Exception:  # noqa: BLE001 - a background thread has no cell: show it in the panel
+                self._report(f"stopping sweep {s.id} failed:\n{traceback.format_exc()}", None)
+
+        t = threading.Thread(target=stop, name="nbtrain-panel-stop-sweep", daemon=True)
         self.background = [b for b in self.background if b.is_alive()] + [t]
         t.start()
 

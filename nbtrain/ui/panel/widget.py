@@ -26,7 +26,7 @@ from nbtrain.control.config.preset import find_preset
 from nbtrain.control.prepare import check_config
 from nbtrain.control.prepare import validate as validate_config
 from nbtrain.control.runs.run import Run, get_run
-from nbtrain.ui.panel import examples, saved, yamlfile
+from nbtrain.ui.panel import examples, saved, sweepform, yamlfile
 from nbtrain.ui.panel.datapreview import PRE_STYLE, data_preview, preview_html, preview_inputs
 from nbtrain.ui.panel.debounce import Debouncer
 from nbtrain.ui.panel.fields import (
@@ -40,7 +40,6 @@ from nbtrain.ui.panel.fields import (
     format_targets,
     panel_fields,
     parse_names,
-    parse_scalar,
     parse_targets,
     preset_fields,
     same_value,
@@ -289,6 +288,10 @@ class ConfigPanel:
                         self._extra[key] = rest
                     else:
                         self._extra[key] = value
+                for path, text in sweepform.fill(self._extra, self._by_path).items():
+                    self.fields[path].value = text
+                if isinstance(raw.get("sweep"), dict) and "method" not in raw["sweep"]:
+                    self._write(self._by_path["sweep.method"], "tpe")  # the schema's, not the form's grid
                 self._apply_preset()
                 self.plan_for.load(raw)  # distributed: slurm: chooses its partition
                 # what a loaded config holds was written by someone: its problems show at once
@@ -347,7 +350,7 @@ class ConfigPanel:
             return parse_targets(w.value)
         if f.kind == "names":
             return parse_names(w.value)
-        return parse_scalar(w.value)
+        return sweepform.read(f, w.value)  # several values, separated by commas: a sweep tries each
 
     @property
     def method(self) -> Any:
@@ -384,7 +387,7 @@ class ConfigPanel:
                     out[key] = values[key]
             elif key in extra:
                 out[key] = extra[key]
-        return out
+        return sweepform.lift(out)
 
     def to_yaml(self) -> str:
         return _dump(self.to_dict())
@@ -412,6 +415,7 @@ class ConfigPanel:
         self.groups["QLoRA"].layout.display = "" if section_active("quantization", method) else "none"
         self._show_objective_fields()
         cfg = self.to_dict()
+        self.groups["Sweep"].layout.display = "" if "sweep" in cfg else "none"
         text = _dump(cfg)
         self.yaml_view.value = f"<pre style='{PRE_STYLE}'>{html.escape(text)}</pre>"
         self._debouncer.submit((text, cfg, Path.cwd(), self.plan_for.choice.value, self.plan_for.on))
@@ -654,9 +658,7 @@ class ConfigPanel:
         except ConfigError as e:
             self._apply_problems(e.problems)
             raise
-        run = start.start(prep)
-        self.run_area.show(run)
-        self._action(None, f"started run {run.id} ({run.name})")
+        self._action(None, self.run_area.launch(prep))
 
     def _load_clicked(self, button: Any) -> None:
         self.load_note.value = ""

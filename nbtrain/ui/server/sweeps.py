@@ -1,5 +1,5 @@
-"""A sweep's routes (``sweeps/<id>/figure``, ``best``, ``stop``, ``resume``, ``extend``) for the lab
-extension's view (``labextension/src/sweepview.ts``): the notebook's sweep figure (``ui/sweeps.SweepView``:
+"""A sweep's routes (``sweeps/<id>/figure``, ``best``, ``stop``, ``resume``, ``extend``, ``clone``) for
+the lab extension's view (``labextension/src/sweepview.ts``): the notebook's sweep figure (``SweepView``:
 every trial's curve, parameters against the metric, the ranked trials), read from the sweep's folder and its
 trials' run directories, so it is the same with or without the kernel that started the sweep; and the
 sweep's verbs carried out as the CLI does.
@@ -41,13 +41,25 @@ def _view(sweep_id: str) -> Any:
         return view
 
 
+def _trial(t: dict[str, Any]) -> dict[str, Any]:
+    """A trial as the view's picker shows it: ``3 · learning_rate=0.003 · completed``, and its run."""
+    from nbtrain.control.sweep.space import describe
+
+    params = describe({**t["params"], **(t.get("set") or {})})
+    return {"number": t["number"], "state": t["state"], "run_id": t.get("run_id"),
+            "label": f"{t['number']} · {params} · {t['state']}"}  # fmt: skip
+
+
 def sweep_figure(sweep_id: str, since: str | None = None) -> dict[str, Any]:
-    """``{"version", "state", "text", "figure"}``: the sweep's figure as plotly JSON (None when ``since``
-    is the version it would have)."""
+    """``{"version", "state", "text", "trials", "figure"}``: the sweep's figure as plotly JSON (None when
+    ``since`` is the version it would have) and its trials for the view's picker."""
     view = _view(sweep_id)
     st = view.sweep.status()
     version = json.dumps(view.signature(st), default=str)
-    out: dict[str, Any] = {"version": version, "state": st.state, "done": st.done, "text": st.describe()}
+    out: dict[str, Any] = {
+        "version": version, "state": st.state, "done": st.done, "text": st.describe(),
+        "trials": [_trial(t) for t in st.trials],
+    }  # fmt: skip
     if since == version:
         return {**out, "figure": None}
     fig = view.figure(st)
@@ -56,8 +68,10 @@ def sweep_figure(sweep_id: str, since: str | None = None) -> dict[str, Any]:
 
 
 def sweep_act(sweep_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
-    """stop, resume or extend (``{"trials": N}``); the sweep's status after."""
+    """stop, resume, extend (``{"trials": N}``) or clone (``{"trial": N, "set": "KEY=VALUE; ...",
+    "from_checkpoint": bool}``, the CLI's ``--set`` pairs); the sweep's status after."""
     s = _view(sweep_id).sweep
+    note = ""
     if action == "stop":
         s.stop()
     elif action == "resume":
@@ -67,9 +81,34 @@ def sweep_act(sweep_id: str, action: str, body: dict[str, Any]) -> dict[str, Any
         if not isinstance(n, int) or isinstance(n, bool):
             raise NbtrainError('extend takes {"trials": N}, a whole number of more trials')
         s.extend(n)
+    elif action == "clone":
+        trial, text = body.get("trial"), body.get("set", "")
+        if (
+            not isinstance(trial, int)
+            or isinstance(trial, bool)
+            or not isinstance(text, str)
+            or len(text) > 10_000
+        ):
+            raise NbtrainError(
+                'clone takes {"trial": N, "set": "KEY=VALUE; ..."}: which trial, and what it changes'
+            )
+        changed, warm = set_pairs(text), body.get("from_checkpoint") is True
+        s.clone(trial, changed, from_checkpoint=warm)
+        what = "; ".join(f"{k}={v}" for k, v in changed.items()) or "nothing changed"
+        start = ", from its checkpoint" if warm else ""
+        note = f"trial {trial} cloned ({what}{start}): it runs as the sweep's next trial. "
     else:
-        raise NbtrainError(f"a sweep can be stopped, resumed or extended, not {action!r}")
-    return {"id": s.id, "state": s.status().state, "text": s.status().describe()}
+        raise NbtrainError(f"a sweep can be stopped, resumed, extended or cloned, not {action!r}")
+    st = s.status()
+    return {"id": s.id, "state": st.state, "text": note + st.describe()}
+
+
+def set_pairs(text: str) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs, one a line or separated by ``;``, each value YAML, read as the CLI reads its
+    ``--set`` (``ui/verbs/sweeps.changes``)."""
+    from nbtrain.ui.verbs.sweeps import changes
+
+    return changes([p.strip() for p in text.replace("\n", ";").split(";") if p.strip()])
 
 
 def sweep_best(sweep_id: str) -> dict[str, Any]:
@@ -101,5 +140,5 @@ _SWEEP = r"sweeps/(?P<sweep_id>[\w.-]+)"
 ROUTES: list[tuple[str, type[_Base]]] = [
     (_SWEEP + "/figure", SweepFigureHandler),
     (_SWEEP + "/best", SweepBestHandler),
-    (_SWEEP + r"/(?P<action>stop|resume|extend)", SweepActionHandler),
+    (_SWEEP + r"/(?P<action>stop|resume|extend|clone)", SweepActionHandler),
 ]

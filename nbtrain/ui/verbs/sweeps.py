@@ -33,6 +33,11 @@ SWEEP_ARGS: tuple[Arg, ...] = (
         metavar="KEY=VALUE",
         help="clone: a key the new trial changes (dotted, YAML value: train.learning_rate=2e-4), repeatable",
     ),
+    arg(
+        "--from-checkpoint",
+        action="store_true",
+        help="clone: start from the trial's weights (its last checkpoint), not from the model",
+    ),
     arg("--wait", action="store_true", help="block until the sweep ends"),
 )
 
@@ -62,7 +67,7 @@ def call_sweep(a: Args) -> Any:
     elif a.action == "clone":
         if a.trial is None:
             raise VerbUsageError("clone: say which trial, e.g. --trial 3 --set train.learning_rate=2e-4")
-        s.clone(a.trial, changes(a.set))
+        s.clone(a.trial, changes(a.set), from_checkpoint=a.from_checkpoint)
     elif a.action == "best":
         return s.best_config()
     return s

@@ -32,6 +32,7 @@ from typing import Any
 from nbtrain.contract.rundir import RunPaths, atomic_write_json, read_json
 from nbtrain.worker.gguf import use_converted
 from nbtrain.worker.lean import hide_for_run, unhide_packages
+from nbtrain.worker.threads import settle
 
 EVAL_DIR = "eval"
 
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None, *, lean: bool = False) -> int:
         unhide_packages(("scipy",))  # started by the warm process, which holds it hidden
         hide_for_run(Path(args.run_dir).resolve(), keep=("scipy",), label="nbtrain eval")
     result: dict[str, Any] = {"ok": False}
+    settle()  # torch's threads: the cores other processes leave free
     try:
         report = evaluate(args)
         out_dir = RunPaths(Path(args.run_dir).resolve()).root / EVAL_DIR

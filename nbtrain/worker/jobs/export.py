@@ -35,6 +35,7 @@ from nbtrain.contract.paths import home_dir
 from nbtrain.contract.rundir import RunPaths, atomic_write_json, read_json
 from nbtrain.worker.gguf import use_converted
 from nbtrain.worker.lean import hide_for_run
+from nbtrain.worker.threads import settle
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None, *, lean: bool = False) -> int:
         hide_for_run(run_dir, label="nbtrain export")  # before torch/peft are imported
     target = Path(args.to).expanduser().resolve()
     result: dict[str, Any] = {"ok": False, "dir": str(target)}
+    settle()  # the merge, the checks' generations and llama.cpp: the cores other processes leave free
 
     def finish(code: int) -> int:
         if args.result:

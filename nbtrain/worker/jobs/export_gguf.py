@@ -79,6 +79,14 @@ def convert(src: Path, out: Path, outtype: str, *, lora_base: Path | None = None
     os.replace(tmp, out)
 
 
+def _threads() -> int:
+    """llama.cpp's threads: torch's count, which the export job set from the cores other processes leave
+    free (``worker/threads.settle``); its own spin-waiting threads slow down as much beside a busy core."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def quantize(src: Path, out: Path, quant: str) -> None:
     """llama.cpp's quantiser: src (a float GGUF) -> out in ``quant``; out appears whole."""
     import llama_cpp
@@ -87,7 +95,7 @@ def quantize(src: Path, out: Path, quant: str) -> None:
     print(f"nbtrain export: quantising to {quant} with llama.cpp", flush=True)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ggufcache.GGUF_QUANTS[quant]
-    params.nthread = os.cpu_count() or 1
+    params.nthread = _threads()
     code = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
     if code != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
@@ -161,7 +169,7 @@ def llama_answers(
     from llama_cpp import Llama
 
     ctx = max((len(ids) for _, ids in prompts), default=0) + max_new_tokens + 8
-    llm = Llama(model_path=str(path), n_ctx=max(ctx, 64), n_threads=os.cpu_count() or 1, verbose=False,
+    llm = Llama(model_path=str(path), n_ctx=max(ctx, 64), n_threads=_threads(), verbose=False,
                 lora_path=str(lora) if lora else None)  # fmt: skip
     answers, same_tokens, generated, secs = [], 0, 0, 0.0
     try:

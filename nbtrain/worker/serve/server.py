@@ -46,6 +46,7 @@ from nbtrain.worker.gguf import use_converted
 from nbtrain.worker.serve.app import create_app
 from nbtrain.worker.serve.engine import BASE, TUNED, Engine, model_names
 from nbtrain.worker.serve.limits import protocol
+from nbtrain.worker.threads import settle
 
 HOST = "127.0.0.1"  # loopback only, and every /v1 route needs the key
 MAX_CONNECTIONS = 64
@@ -111,6 +112,8 @@ def serve_builtin(
 
         hide_for_run(run_dir, label="nbtrain serve")  # before the engine imports torch and peft
     engine = Engine(run_dir, base_only=base_only, device=device, batching=True)
+    if engine.device == "cpu":
+        settle()  # the generations' threads: as many as the cores other processes leave free
     api_key = new_api_key()
     sock = socket.socket()
     sock.bind((HOST, port))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from nbtrain.contract.ggufcache import is_gguf
 from nbtrain.control.config.facts import Facts
 from nbtrain.control.config.problems import Problems
+from nbtrain.control.config.schema import RunConfig
 
 HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?\Z")  # org/name, or a bare name
 
@@ -118,3 +120,49 @@ def lora_layers_problem(model_config: dict[str, Any], layers: int | list[Any]) -
         f"config.json's {said}), numbered {valid}; peft would fail after the run started. Give layer "
         f"indexes {valid}, or leave layers_to_transform out to adapt every layer"
     )
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def check_init_from(cfg: RunConfig, facts: Facts, probs: Problems) -> Path | None:
+    """``init_from:``: a folder holding what this run's method starts from (a LoRA adapter of the same shape,
+    or a model), for an SFT run; the folder, absolute, or None (unset, or wrong: said in ``probs``)."""
+    if cfg.init_from is None:
+        return None
+    key = ("init_from",)
+    try:
+        path = facts.path(cfg.init_from)
+    except RuntimeError:
+        probs.add(key, f"{cfg.init_from!r}: no home folder is known for that user here; write the full path")
+        return None
+    if cfg.objective != "sft":
+        probs.add(key, f"init_from starts SFT runs only, not objective: {cfg.objective}; leave it out")
+        return None
+    if facts.kind(path) != "dir":
+        probs.add(
+            key, f"{path} is not a folder: give a run's checkpoint (RUN/checkpoints/checkpoint-N) or output"
+        )
+        return None
+    if cfg.method == "full":
+        if not facts.has_model_config(path):
+            probs.add(
+                key, f"{path} holds no model (config.json): method: full starts from a full run's weights"
+            )
+            return None
+        return path
+    missing = [f for f in ADAPTER_FILES if facts.kind(path / f) != "file"]
+    if missing:
+        probs.add(key, f"{path} holds no LoRA adapter ({', '.join(missing)} missing): method: {cfg.method} "
+                       "starts from a LoRA run's checkpoint or output")  # fmt: skip
+        return None
+    try:
+        adapter = json.loads(facts.text(path / "adapter_config.json"))
+    except (OSError, ValueError):
+        adapter = None
+    if cfg.lora is not None and isinstance(adapter, dict) and adapter.get("r") != cfg.lora.r:
+        r = adapter.get("r")
+        probs.add(key, f"{path}'s adapter has r={r} and this run's lora: r is {cfg.lora.r}: give the same r "
+                       "(the adapter's weights are its shape)")  # fmt: skip
+        return None
+    return path

@@ -15,6 +15,7 @@ from nbtrain.control.config.schema.sections import (
     RewardModelRef,
     SlurmSettings,
     Strict,
+    SweepSettings,
     VisionSettings,
 )
 
@@ -32,5 +33,6 @@ __all__ = [
     "RunConfig",
     "SlurmSettings",
     "Strict",
+    "SweepSettings",
     "VisionSettings",
 ]

@@ -174,6 +174,15 @@ class RunConfig(Strict):
         ),
         examples=[10, 30, 0],
     )
+    init_from: str | None = Field(
+        None,
+        description=(
+            "Start from the weights of an earlier run of the same method: its checkpoint folder "
+            "(RUN/checkpoints/checkpoint-N) or output folder. LoRA: its adapter (the same r and target "
+            "modules); full: its model. The optimizer and schedule start afresh (SFT runs)."
+        ),
+        examples=["runs/my-run/checkpoints/checkpoint-40"],
+    )
     sweep: SweepSettings | None = Field(
         None,
         description=(
