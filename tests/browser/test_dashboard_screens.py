@@ -24,14 +24,16 @@ from tests.conftest import ROOT, lora_yaml
 pytestmark = pytest.mark.browser
 
 DOCS = ROOT / "docs" / "screenshots"
-STEPS = 200  # long enough to see it live on an idle machine (warm: ~10 steps/s)
+STEPS = 400  # long enough to see it live (warm, on an idle machine: ~30 steps/s)
 # What the frame says before the first step, whichever moment the browser first draws it.
 PHASES = re.compile(
     r"queued|starting the training process|loading model|tokenising|waiting for the first logged step"
 )
+# 20,000 rows: tokenising them takes the run a few seconds before its first step, long enough to see the
+# frame say so (400 rows went by in a blink once the run had its cores to itself)
 CELL = "%%finetune --name tiny-lora\n" + lora_yaml(STEPS).replace(
     "  logging_steps: 1", "  logging_steps: 1\n  save_steps: 100000"
-)
+).replace("data/add.jsonl", "data/many.jsonl")
 # The size of each Plotly figure among the elements given (those plotly.js drew in), and its axis titles.
 PLOTS_JS = """els => els.filter(gd => gd._fullLayout).map(gd => {
     const r = gd.getBoundingClientRect();
@@ -63,8 +65,11 @@ def test_dashboard_mid_run_and_completed(
 ) -> None:
     from playwright.sync_api import expect
 
+    from nbtrain.examples import write_dataset
+
     url, token = lab
     no_news_toast(tmp_path)
+    write_dataset(workdir / "data" / "many.jsonl", n=20_000)
     write_notebook(workdir / "shots.ipynb", ["%load_ext nbtrain", CELL])
 
     with lab_page(lab, "lab/tree/shots.ipynb", {"width": 1200, "height": 1100}) as (browser, page, errors):

@@ -38,8 +38,13 @@ STEP_PAST_JS = """([id, at]) => {
 
 
 # The first step a figure's title on the page shows ("... step 19/100000 ...").
+def step_in(text: str | None) -> int:
+    """The step a view's title shows ("... step 1,401/100,000 ..."; the title groups thousands), or -1."""
+    return int((re.findall(r"step ([\d,]+)", text or "") or ["-1"])[0].replace(",", ""))
+
+
 def title_step(title: Any) -> int:
-    return int((re.findall(r"step (\d+)", title.text_content() or "") or ["-1"])[0])
+    return step_in(title.text_content())
 
 
 def restart_kernel(page: Any) -> None:
@@ -218,7 +223,7 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         view_title = attach.locator(".js-plotly-plot >> visible=true").locator(".gtitle")
         expect(view_title).to_contain_text("running", timeout=15_000)
         deadline = time.monotonic() + 20
-        while int(re.findall(r"step (\d+)", view_title.text_content() or "")[0]) <= stopped_at:
+        while step_in(view_title.text_content()) <= stopped_at:
             assert time.monotonic() < deadline, view_title.text_content()
             page.wait_for_timeout(250)
         page.screenshot(path=str(shots / "resumed.png"))
@@ -239,7 +244,7 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         run_step = json.loads(status_file.read_text())["step"]
         deadline = time.monotonic() + 5
         while (
-            shown := int((re.findall(r"step (\d+)", view_title.text_content() or "") or ["-1"])[0])
+            shown := step_in(view_title.text_content())
         ) < run_step:
             assert time.monotonic() < deadline, (
                 f"after the reload the view shows step {shown}, the run {run_step}"
