@@ -108,7 +108,9 @@ def test_a_sweeps_view_follows_it_after_its_kernel_is_gone_and_inserts_the_best_
         )
         expect(pick.locator("option")).to_have_count(4, timeout=60_000)
         pick.select_option("3")
-        expect(pick.locator("option:checked")).to_contain_text("max_steps=5000 · running", timeout=120_000)
+        expect(pick.locator("option:checked")).to_have_text(
+            "3 · clone of 0 (its weights) · learning_rate=0.003 max_steps=5000 · running", timeout=120_000
+        )
         sweep_page.screenshot(path=str(shots / "sweep-page-clone-running.png"))
         stop = sweep_page.locator(".nbtrain-sweep-trialstop")
         expect(stop).to_be_enabled()
@@ -118,12 +120,12 @@ def test_a_sweeps_view_follows_it_after_its_kernel_is_gone_and_inserts_the_best_
             "completed: 4/4 trials (3 completed, 1 stopped)", timeout=60_000
         )
         sweep_page.screenshot(path=str(shots / "sweep-page-done.png"))
-    # the clone started from trial 0's adapter: its config says so and its worker loaded it
+    # the clone started from trial 0's adapter (its last checkpoint): its config says so, its worker loaded it
+    from nbtrain.control.runs.run import last_checkpoint
     from nbtrain.control.sweep.sweep import get_sweep
 
-    clone = get_sweep(str(next((workdir / "runs" / "sweeps").iterdir()))).trial_run(3)
-    assert clone.resolved["config"]["init_from"] == str(
-        get_sweep(clone.resolved["sweep"]["dir"]).trial_run(0).paths.output
-    )
+    sweep = get_sweep(next((workdir / "runs" / "sweeps").iterdir()))
+    clone, source = sweep.trial_run(3), sweep.trial_run(0)
+    assert clone.resolved["config"]["init_from"] == str(last_checkpoint(source))
     assert "LoRA adapter weights from" in (clone.dir / "logs" / "rank0.log").read_text()
     assert not errors, errors

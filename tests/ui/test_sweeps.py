@@ -90,12 +90,13 @@ def test_a_finetune_cell_with_a_sweep_starts_it_and_best_inserts_the_winning_cel
 
 
 def test_the_views_routes_list_its_trials_and_refuse_a_clone_they_cannot_read(
-    pruned_sweep: tuple[CoreSweep, SweepStatus],
+    pruned_sweep: tuple[CoreSweep, SweepStatus], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from nbtrain.contract.errors import NbtrainError
     from nbtrain.ui.server.sweeps import set_pairs, sweep_act, sweep_figure
 
     core, st = pruned_sweep
+    monkeypatch.setenv("NBTRAIN_RUNS_DIR", str(core.paths.root.parent.parent))  # the server's runs root
     reply = sweep_figure(core.id)
     assert [(t["number"], t["state"]) for t in reply["trials"]] == [(0, "completed"), (1, "pruned")]
     assert reply["trials"][0]["label"] == "0 · learning_rate=0.003 · completed"

@@ -71,16 +71,14 @@ def test_a_run_from_an_earlier_adapter_starts_where_it_ended_and_a_misfit_fails_
             + f"lora: {{r: 16, alpha: 32, target_modules: [q_proj]}}\ninit_from: {tuned_run / 'output'}\n",
             name="misfit",
         )
-        states = {r.name: r.wait(timeout=300) for r in (fresh, warm, misfit)}
+        states = {r.name: r.wait(timeout=300, check=False) for r in (fresh, warm, misfit)}
     assert states["fresh"].state == states["warm"].state == "completed"
     ended = nbtrain.get_run(tuned_run).metrics()["loss"].dropna().iloc[-1]
     first = {r.name: r.metrics()["loss"].dropna().iloc[0] for r in (fresh, warm)}
-    # the tuned run taught these answers: from its adapter the loss is near where it ended, far below a
-    # fresh adapter's (the learning rate is too small for two steps to move either)
-    assert first["warm"] < first["fresh"] / 2 and abs(first["warm"] - ended) < 0.5 * first["fresh"], (
-        first,
-        ended,
-    )
+    # from the tuned run's adapter the loss starts where that run ended, not where a fresh adapter starts
+    # (the learning rate is too small for two steps to move either)
+    assert ended < first["fresh"] - 0.2, (first, ended)
+    assert abs(first["warm"] - ended) < 0.1 * (first["fresh"] - ended), (first, ended)
     assert "LoRA adapter weights from" in (warm.dir / "logs" / "rank0.log").read_text()
     st = states["misfit"]
     assert st.state == "failed" and "does not fit this run's LoRA" in (st.error or {}).get("message", ""), st

@@ -55,7 +55,10 @@ def sweep_figure(
     best: int | None,
     curves: Mapping[int, Curve],
 ) -> go.Figure:
-    keys = list(dict.fromkeys(k for t in trials for k in (*t.get("params", {}), *t.get("set", {}))))
+    # the space's keys on the parameters' axes; in the table also what a clone set besides (not the path of
+    # the weights it started from: its note says whose)
+    space_keys = list(dict.fromkeys(k for t in trials for k in t.get("params", {})))
+    keys = list(dict.fromkeys(k for t in trials for k in _shown(t)))
     # in pixels: the curves, the parameters, the table (as tall as its rows, up to MAX_ROWS of them), a gap
     rows = (CURVES_PX, PARCOORDS_PX, TABLE_HEAD_PX + ROW_PX * min(max(len(trials), 1), MAX_ROWS))
     plot_px = sum(rows) + 2 * GAP_PX
@@ -75,8 +78,7 @@ def sweep_figure(
         is_best = n == best
         live = state in ("completed", "running")
         color = PALETTE[n % len(PALETTE)] if live else TRIAL_STATE_COLORS.get(state, MUTED)
-        merged = {**t.get("params", {}), **t.get("set", {})}
-        params = " ".join(f"{_short(k)}={_fmt(v)}" for k, v in merged.items())
+        params = " ".join(f"{_short(k)}={_fmt(v)}" for k, v in _shown(t).items())
         hover = f"trial {n} ({state})<br>step %{{x}}<br>{metric} %{{y:.4g}}<extra>{params}</extra>"
         fig.add_trace(
             go.Scatter(
@@ -95,7 +97,7 @@ def sweep_figure(
         )
     fig.update_xaxes(title_text="step", row=1, col=1)
     fig.update_yaxes(title_text=metric, row=1, col=1)
-    fig.add_trace(_parcoords(trials, keys, metric, minimize), row=2, col=1)
+    fig.add_trace(_parcoords(trials, space_keys, metric, minimize), row=2, col=1)
     fig.add_trace(_table(trials, keys, metric, minimize, best), row=3, col=1)
     fig.update_layout(
         template=THEME,
@@ -108,6 +110,22 @@ def sweep_figure(
     return fig
 
 
+def _shown(t: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's values as views show them: the space's, then what a clone set (``init_from`` left out)."""
+    merged = {**t.get("params", {}), **t.get("set", {})}
+    merged.pop("init_from", None)
+    return merged
+
+
+def _note(t: Mapping[str, Any]) -> str:
+    if t.get("reason"):
+        return str(t["reason"])
+    if t.get("clone_of") is None:
+        return ""
+    warm = " (from its weights)" if (t.get("set") or {}).get("init_from") else ""
+    return f"clone of trial {t['clone_of']}{warm}"
+
+
 def _parcoords(
     trials: Sequence[Mapping[str, Any]], keys: list[str], metric: str, minimize: bool
 ) -> go.Parcoords:
@@ -115,7 +133,7 @@ def _parcoords(
     done = [t for t in trials if isinstance(t.get("value"), (int, float))]
     dims = []
     for k in keys:
-        vals = [{**t.get("params", {}), **t.get("set", {})}.get(k) for t in done]
+        vals = [t.get("params", {}).get(k) for t in done]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
             numeric = [float(v) for v in vals]  # type: ignore[arg-type]
             log = bool(numeric) and min(numeric) > 0 and max(numeric) / min(numeric) >= 100
@@ -155,16 +173,25 @@ def _table(
     fills: list[str] = []
     for t in rows:
         n = int(t["number"])
-        merged = {**t.get("params", {}), **t.get("set", {})}
+        merged = _shown(t)
         value = t.get("value") if t.get("value") is not None else t.get("last")
         step = f"{t.get('step', '')}/{t['max_steps']}" if t.get("max_steps") else str(t.get("steps") or "")
-        note = t.get("reason") or (f"clone of trial {t['clone_of']}" if t.get("clone_of") is not None else "")
+        note = _note(t)
         cells = ["★" if n == best else "", str(n), str(t.get("state")), *(_fmt(merged.get(k)) for k in keys),
                  _fmt(value), step, _fmt(note)]  # fmt: skip
         for c, v in zip(cols, cells, strict=True):
             c.append(v)
         fills.append("#ecfdf5" if n == best else "white")
-    widths = [16, 36, 78, *(96 for _ in keys), 80, 64, 280]
+    # wide enough for each header in bold (plotly's table cuts what does not fit)
+    widths = [
+        18,
+        44,
+        78,
+        *(max(96, 8 * len(_short(k)) + 12) for k in keys),
+        max(80, 8 * len(metric) + 12),
+        64,
+        280,
+    ]
     state_ink = [TRIAL_STATE_COLORS.get(s, INK) for s in cols[2]]
     inks = [state_ink if i == 2 else [INK] * len(rows) for i in range(len(head))]
     header = {"values": [f"<b>{h}</b>" for h in head], "fill_color": "#f3f4f6", "line_color": AXIS_LINE,

@@ -42,12 +42,18 @@ def _view(sweep_id: str) -> Any:
 
 
 def _trial(t: dict[str, Any]) -> dict[str, Any]:
-    """A trial as the view's picker shows it: ``3 · learning_rate=0.003 · completed``, and its run."""
+    """A trial as the view's picker shows it: ``3 · clone of 0 (its weights) · learning_rate=0.003 ·
+    running``, and its run."""
     from nbtrain.control.sweep.space import describe
 
-    params = describe({**t["params"], **(t.get("set") or {})})
+    changed = dict(t.get("set") or {})
+    warm = changed.pop("init_from", None) is not None
+    origin = ""
+    if t.get("clone_of") is not None:
+        origin = f"clone of {t['clone_of']}{' (its weights)' if warm else ''} · "
+    params = describe({**t["params"], **changed})
     return {"number": t["number"], "state": t["state"], "run_id": t.get("run_id"),
-            "label": f"{t['number']} · {params} · {t['state']}"}  # fmt: skip
+            "label": f"{t['number']} · {origin}{params} · {t['state']}"}  # fmt: skip
 
 
 def sweep_figure(sweep_id: str, since: str | None = None) -> dict[str, Any]:
