@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -79,44 +81,63 @@ class Lab:
     dir: Path
 
 
-@pytest.fixture(scope="session")
-def labs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Lab]:
-    """``labs("07_agent")``: that notebook executed once per session with plain figures (NBTRAIN_DASHBOARD=
-    static: the saved notebook stays small), shared by its notebook test and the tests that check its run
-    (the lab trains the very run they would otherwise train again)."""
-    import nbformat
-    from nbclient import NotebookClient
+# The labs that take minutes (a real SmolLM2 run each): started in the background once the browser and bench
+# tests are done (their timings want the machine to themselves), beside the tests that follow, which spend
+# most of their time waiting (SLURM's scheduler, process starts); a test that needs one waits for it then.
+PREFETCH = ("06_real_model", "07_agent")
+_LAB_RUNS: dict[str, tuple[subprocess.Popen[bytes], Path, Path]] = {}
 
-    done: dict[str, Lab | BaseException] = {}
+
+def _start_lab(config: pytest.Config, stem: str) -> None:
+    if stem in _LAB_RUNS:
+        return
+    work = config._tmp_path_factory.mktemp(stem)  # type: ignore[attr-defined]  # the session's tmp folder
+    out, log = work.parent / f"{stem}.executed.ipynb", work.parent / f"{stem}.labrun.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.labrun", stem, str(work), str(out)], cwd=ROOT,
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    _LAB_RUNS[stem] = (proc, work, out)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    wanted = item.config.stash.get(_WANTED_LABS, ())
+    if wanted and not _LAB_RUNS and not any(p in item.path.parts for p in ("browser", "bench")):
+        for stem in wanted:
+            _start_lab(item.config, stem)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A session cut short: its labs go with it, the runs they started too (detached, they would go on)."""
+    from nbtrain.control.runs.run import get_run
+
+    for proc, work, _ in _LAB_RUNS.values():
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            for folder in sorted((work / "runs").glob("*/status.json")):
+                with contextlib.suppress(Exception):
+                    run = get_run(folder.parent)
+                    if not run.status().done:
+                        run.stop(timeout=30)
+
+
+_WANTED_LABS = pytest.StashKey[tuple[str, ...]]()
+
+
+@pytest.fixture(scope="session")
+def labs(pytestconfig: pytest.Config) -> Callable[[str], Lab]:
+    """``labs("07_agent")``: that notebook executed once per session (``tests/labrun.py``: in a process of its
+    own, plain figures), shared by its notebook test and the tests that check its run (the lab trains the
+    very run they would otherwise train again). The slow ones (PREFETCH) may have started already."""
+    import nbformat
 
     def run(stem: str) -> Lab:
-        if stem not in done:
-            path = LABS / f"{stem}.ipynb"
-            work = tmp_path_factory.mktemp(stem)
-            nb = nbformat.read(path, as_version=4)
-            if stem == "01_qlora_single_card":
-                # After Run All the chat's server still answers (the export cell used to stop it); the
-                # kernel's exit stops the servers it started, so this is asked from inside, last.
-                check = "from nbtrain.control.jobs.serve import find_server\nassert find_server(run)"
-                nb.cells.append(nbformat.v4.new_code_cell(check))
-            mp = pytest.MonkeyPatch()
-            mp.setenv("NBTRAIN_DASHBOARD", "static")
-            try:
-                with runs_in(work):
-                    client = NotebookClient(
-                        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(work)}}
-                    )
-                    client.execute()
-            except Exception as e:  # every test that asks sees the same failure, without a second try
-                done[stem] = e
-            else:
-                done[stem] = Lab(nb, work)
-            finally:
-                mp.undo()
-        lab = done[stem]
-        if isinstance(lab, BaseException):
-            raise lab
-        return lab
+        _start_lab(pytestconfig, stem)
+        proc, work, out = _LAB_RUNS[stem]
+        if proc.wait() != 0:  # every test that asks sees the same failure, without a second try
+            log = (out.parent / f"{stem}.labrun.log").read_text(errors="replace")
+            raise AssertionError(f"lab {stem} failed:\n{log[-6000:]}")
+        return Lab(nbformat.read(out, as_version=4), work)
 
     return run
 
@@ -367,9 +388,17 @@ def pruned_sweep(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> 
         yield s, s.wait(timeout=240)
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected: the labs of the tests that will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip gpu-marked tests where no NVIDIA GPU is visible (checked with NVML, never CUDA)."""
+    """Note which of the slow labs this session runs (PREFETCH: its lab test, or test_tools for lab 7's run);
+    skip gpu-marked tests where no NVIDIA GPU is visible (checked with NVML, never CUDA)."""
     from nbtrain.hardware import probe
+
+    ids = " ".join(item.nodeid for item in items)
+    users = {"07_agent": "tests/examples/test_tools.py"}
+    config.stash[_WANTED_LABS] = tuple(
+        stem for stem in PREFETCH if f"[{stem}]" in ids or (stem in users and users[stem] in ids)
+    )
 
     if probe().gpus:
         return
