@@ -9,7 +9,7 @@ import { Kernel, KernelMessage } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { PageConfig, URLExt } from '@jupyterlab/coreutils';
-import { TabPanel } from '@lumino/widgets';
+import { TabPanel, Widget } from '@lumino/widgets';
 
 import { FinetuneCompletionProvider, highlightFinetuneCells } from './finetune';
 import { attachSource } from './logic';
@@ -131,50 +131,38 @@ const runsPlugin: JupyterFrontEndPlugin<void> = {
       const main = Array.from(app.shell.widgets('main'));
       return main.length === 1 && main[0] instanceof TabPanel ? main[0] : null;
     };
-    const openPage = (runId: string, name: string): void => {
+    // One page of the main area per id (a run's, a sweep's): made once, brought forward after; on Notebook
+    // 7's file browser page, a tab beside Files and Running.
+    const showPage = <W extends Widget>(pages: Map<string, W>, id: string, make: () => W): void => {
       const tabs = notebook7 ? treeTabs() : null;
-      if (notebook7 && !tabs) {
+      let page = pages.get(id);
+      if (!page || page.isDisposed) {
+        page = make();
+        pages.set(id, page);
+        page.disposed.connect(() => pages.delete(id));
+        if (tabs) {
+          tabs.addWidget(page);
+        } else {
+          app.shell.add(page, 'main');
+        }
+      }
+      if (tabs) {
+        tabs.currentWidget = page;
+      } else {
+        app.shell.activateById(page.id);
+      }
+    };
+    const openPage = (runId: string, name: string): void => {
+      if (notebook7 && !treeTabs()) {
         const url = URLExt.join(PageConfig.getBaseUrl(), 'tree');
         window.open(`${url}?${PAGE_PARAM}=${encodeURIComponent(runId)}`, '_blank');
         return;
       }
-      let page = pages.get(runId);
-      if (!page || page.isDisposed) {
-        page = new RunPage(runId, name);
-        pages.set(runId, page);
-        page.disposed.connect(() => pages.delete(runId));
-        if (tabs) {
-          tabs.addWidget(page);
-        } else {
-          app.shell.add(page, 'main');
-        }
-      }
-      if (tabs) {
-        tabs.currentWidget = page;
-      } else {
-        app.shell.activateById(page.id);
-      }
+      showPage(pages, runId, () => new RunPage(runId, name));
     };
     const sweepPages = new Map<string, SweepPage>();
-    const openSweep = (sweepId: string, name: string): void => {
-      const tabs = notebook7 ? treeTabs() : null;
-      let page = sweepPages.get(sweepId);
-      if (!page || page.isDisposed) {
-        page = new SweepPage(sweepId, name);
-        sweepPages.set(sweepId, page);
-        page.disposed.connect(() => sweepPages.delete(sweepId));
-        if (tabs) {
-          tabs.addWidget(page);
-        } else {
-          app.shell.add(page, 'main');
-        }
-      }
-      if (tabs) {
-        tabs.currentWidget = page;
-      } else {
-        app.shell.activateById(page.id);
-      }
-    };
+    const openSweep = (sweepId: string, name: string): void =>
+      showPage(sweepPages, sweepId, () => new SweepPage(sweepId, name));
     if (notebook7) {
       const asked = new URLSearchParams(window.location.search).get(PAGE_PARAM);
       if (asked) {
