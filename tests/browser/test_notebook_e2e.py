@@ -243,9 +243,7 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         status_file = next((workdir / "runs").iterdir()) / "status.json"
         run_step = json.loads(status_file.read_text())["step"]
         deadline = time.monotonic() + 5
-        while (
-            shown := step_in(view_title.text_content())
-        ) < run_step:
+        while (shown := step_in(view_title.text_content())) < run_step:
             assert time.monotonic() < deadline, (
                 f"after the reload the view shows step {shown}, the run {run_step}"
             )
