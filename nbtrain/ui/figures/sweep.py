@@ -135,7 +135,7 @@ def _parcoords(
     for k in keys:
         vals = [t.get("params", {}).get(k) for t in done]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
-            numeric = [float(v) for v in vals]  # type: ignore[arg-type]
+            numeric = [float(v) for v in vals]
             log = bool(numeric) and min(numeric) > 0 and max(numeric) / min(numeric) >= 100
             if log:  # a learning rate spans decades: its axis is its log
                 ticks = sorted(set(numeric))

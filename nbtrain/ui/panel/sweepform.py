@@ -52,9 +52,10 @@ def lift(cfg: dict[str, Any]) -> dict[str, Any]:
         sub = cfg.get(section)
         if not isinstance(sub, dict):
             continue
-        for key in [k for k, v in sub.items() if isinstance(v, Several)]:
+        lifted = [k for k, v in sub.items() if isinstance(v, Several)]
+        for key in lifted:
             space[f"{section}.{key}"] = list(sub.pop(key).values)
-        if not sub:
+        if lifted and not sub:  # emptied by the sweep (an empty section the config wrote stays)
             cfg.pop(section)
     if space:
         settings = dict(settings) if isinstance(settings, dict) else {}
