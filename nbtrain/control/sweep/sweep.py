@@ -21,7 +21,7 @@ from nbtrain.control.launch import process
 from nbtrain.control.launch.process import LaunchFailed
 from nbtrain.control.prepare import Prepared, prepare
 from nbtrain.control.runs import registry
-from nbtrain.control.runs.run import Run, get_run, last_checkpoint, new_run_id
+from nbtrain.control.runs.run import Run, get_run, has_trained_weights, last_checkpoint, new_run_id
 from nbtrain.control.sweep import space
 from nbtrain.control.sweep.capacity import capacity
 from nbtrain.control.sweep.folder import STOPPED_BY_SWEEP, SweepPaths, is_sweep_dir, sweeps_root, write_json
@@ -313,9 +313,9 @@ class Sweep:
 
     def _weights_of(self, trial: int) -> Path:
         run = self.trial_run(trial)
-        found, out = last_checkpoint(run), run.paths.output
-        if found is None and any((out / f).exists() for f in ("config.json", "adapter_config.json")):
-            found = out
+        found = last_checkpoint(run)
+        if found is None and has_trained_weights(run):  # ended without a checkpoint: its output
+            found = run.paths.output
         if found is None:
             raise NbtrainError(
                 f"trial {trial} of sweep {self.id} has no checkpoint yet ({run.status().describe()}): "
