@@ -92,6 +92,10 @@ from nbtrain.ui.figures import (
 )
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+# A live figure's data goes at most at this many points a second (every changed trace is sent whole: a
+# 4,000-step history is ~20,000 points, 1 MB of JSON); the title and progress still move every tick. The
+# browser and the kernel both keep up with a long run on a busy machine instead of falling behind.
+POINTS_PER_S = 20_000
 REVIVE_EVERY = 2.0  # s between status reads of the runs whose ended views may come back to life
 REVIVABLE = ("stopped", "failed")  # final states a run leaves when it is resumed
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -184,6 +188,7 @@ class Dashboard:
         self._static_sig: tuple[Any, ...] | None = None
         self._static_at = 0.0
         self._unseen_sync_at = 0.0
+        self._data_due = 0.0  # when the figure's data may be sent again (POINTS_PER_S)
         # refresh() runs in the thread or in follow(); the lock keeps a stray second caller from
         # interleaving two updates of the same widgets
         self._lock = threading.RLock()
@@ -268,6 +273,9 @@ class Dashboard:
         changed: list[TraceSpec] = [
             s for s in specs if s.key in added or s.version(frame) != self._versions[s.key]
         ]
+        now, sent = time.monotonic(), 0
+        if changed and not added and not st.done and now < self._data_due:
+            changed = []  # paced: left changed, so a later tick sends them (the title still moves now)
         # the title (elapsed, ETA), the progress bar, the message before the first step
         p = progress(self.tail, st, clk=frame.clock)
         top = throughput_top(self.tail)
@@ -278,6 +286,7 @@ class Dashboard:
                 for spec in changed:
                     trace = fig.data[self._index[spec.key]]
                     d = spec.data(frame)
+                    sent += len(d["x"])
                     trace.x, trace.y = d["x"], d["y"]
                     if trace.mode != (mode := spec.mode(len(d["x"]))):
                         trace.mode = mode
@@ -294,6 +303,7 @@ class Dashboard:
                     self._chrome = look
         if new or changed:
             self.updates += 1  # data sent (the title's clock ticks on its own)
+            self._data_due = now + sent / POINTS_PER_S
         if new or changed or look_changed:
             self._sync_unseen(fig)
 

@@ -17,7 +17,14 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from nbtrain.ui.dashboard import KERNEL_LOST_CLASS, PLOTLY_MIME, RUN_VIEW_MIME, WIDGET_MIME, Dashboard
+from nbtrain.ui.dashboard import (
+    KERNEL_LOST_CLASS,
+    PLOTLY_MIME,
+    POINTS_PER_S,
+    RUN_VIEW_MIME,
+    WIDGET_MIME,
+    Dashboard,
+)
 from nbtrain.ui.figures import FIGURE_WIDTH, STATE_COLORS
 from tests.control.runs.test_metrics import RunFiles
 
@@ -290,6 +297,31 @@ def test_no_update_is_sent_while_nothing_changes(files: RunFiles, dash: Dashboar
     updates = dash.updates
     time.sleep(0.3)  # ~15 polls
     assert dash.updates == updates
+
+
+def test_a_long_history_is_sent_at_a_paced_rate_while_the_title_follows_every_step(
+    files: RunFiles, dash: Dashboard
+) -> None:
+    # 3,000 steps: five traces of 3,000 points are 15,000 points, so the next data waits ~0.75 s; a view
+    # that re-sent them every tick fell seconds behind a fast run on a busy machine (the browser test saw it)
+    files.steps(1, 3001)
+    dash.refresh()
+    sent = dash.updates
+    for i in range(3001, 3011):
+        files.steps(i, i + 1)
+        dash.refresh()
+        assert figure(dash).layout.meta["nbtrain_step"] == i  # the title: at once
+    assert dash.updates == sent  # the curves: not yet
+    assert len(trace(dash, "loss").x) == 3000
+    time.sleep(15_000 / POINTS_PER_S)
+    dash.refresh()
+    assert dash.updates == sent + 1
+    assert list(trace(dash, "loss").x)[-1] == 3010
+    # the run's end is drawn at once, whatever the pace
+    files.steps(3011, 3012)
+    files.status("completed", step=3011)
+    dash.refresh()
+    assert list(trace(dash, "loss").x)[-1] == 3011
 
 
 @pytest.mark.parametrize(
