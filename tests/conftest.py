@@ -99,11 +99,63 @@ def _start_lab(config: pytest.Config, stem: str) -> None:
     _LAB_RUNS[stem] = (proc, work, out)
 
 
+def _after_the_timed_tests(item: pytest.Item) -> bool:
+    return not any(p in item.path.parts for p in ("browser", "bench"))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     wanted = item.config.stash.get(_WANTED_LABS, ())
-    if wanted and not _LAB_RUNS and not any(p in item.path.parts for p in ("browser", "bench")):
+    if wanted and not _LAB_RUNS and _after_the_timed_tests(item):
         for stem in wanted:
             _start_lab(item.config, stem)
+
+
+TIME_LIMIT_TEST = "test_a_run_that_hits_its_time_limit_three_times_completes_with_requeue_auto"
+_TIME_LIMITS = pytest.StashKey[bool]()
+
+
+@pytest.fixture(scope="session")
+def slurm_time_limits(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, slurm_cluster: Any
+) -> Iterator[dict[str, Any]]:
+    """The SLURM time-limit test's two runs (tests/control/launch/test_slurm.py), on partition ``long`` (its
+    own nodes). They spend minutes of SLURM's clock (one-minute limits, requeue waits) mostly asleep, so they
+    start with the prefetched labs (_start_time_limits) and go on beside the tests between; their test checks
+    them when it comes. Whatever is left running at the end is stopped."""
+    import nbtrain
+    from tests.slurmcluster import on_slurm, slowed
+
+    work = tmp_path_factory.mktemp("time-limits")
+    (work / "tiny-llama").symlink_to(tiny_model)
+    write_dataset(work / "data" / "add.jsonl")
+    with runs_in(work):
+        # time: 1 minute (SLURM's least), stopped 20 s before it: ~30 s of 0.2 s steps per job, so 560
+        # steps take at least four jobs; each requeued job resumes from the checkpoint the last one
+        # stopped at.
+        long = "partition: long, time: '1'"
+        text, ns = slowed(on_slurm(560, save_steps=1000, slurm_extra=", signal_before: 20"))
+        run = nbtrain.finetune(text.replace("time: '00:10:00'", long), name="time-limits", namespace=ns)
+        # Meanwhile, on the other node, signal_before: 0 and requeue: never: SLURM itself ends a job at
+        # its limit.
+        text, ns = slowed(on_slurm(100000, slurm_extra=", signal_before: 0, requeue: never"))
+        timed_out = nbtrain.finetune(text.replace("time: '00:10:00'", long), name="timed-out", namespace=ns)
+    runs = {"run": run, "timed_out": timed_out}
+    yield runs
+    for r in runs.values():
+        if not r.status().done:
+            r.stop(timeout=60)
+
+
+@pytest.fixture(autouse=True)
+def _start_time_limits(request: pytest.FixtureRequest) -> None:
+    """The time-limit runs start at the first test after the timed ones, with the labs, where their test
+    runs and SLURM is here (elsewhere that test itself says why not)."""
+    if request.config.stash.get(_TIME_LIMITS, False) and _after_the_timed_tests(request.node):
+        request.config.stash[_TIME_LIMITS] = False
+        from tests.slurmcluster import missing
+
+        if missing() is None:
+            request.getfixturevalue("slurm_time_limits")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -390,7 +442,8 @@ def pruned_sweep(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected: the labs of the tests that will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Note which of the slow labs this session runs (PREFETCH: its lab test, or test_tools for lab 7's run);
+    """Note which of the slow labs this session runs (PREFETCH: its lab test, or test_tools for lab 7's run)
+    and whether the SLURM time-limit test does (slurm_time_limits);
     skip gpu-marked tests where no NVIDIA GPU is visible (checked with NVML, never CUDA)."""
     from nbtrain.hardware import probe
 
@@ -399,6 +452,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.stash[_WANTED_LABS] = tuple(
         stem for stem in PREFETCH if f"[{stem}]" in ids or (stem in users and users[stem] in ids)
     )
+    config.stash[_TIME_LIMITS] = any(item.name == TIME_LIMIT_TEST for item in items)
 
     if probe().gpus:
         return

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.conftest import lora_yaml
+
 GPU_NODES = ("g1", "g2")  # partition gpu: GRES gpu:a100:4 each
 LONG_NODES = ("l1", "l2")  # partition long: CPU nodes for runs that go on beside other tests
 NODES = ("n1", "n2", *GPU_NODES, *LONG_NODES)
@@ -256,3 +258,30 @@ if __name__ == "__main__":
         signal.pause()
     finally:
         c.stop()
+
+
+# The runs of the SLURM tests (tests/control/launch/test_slurm.py, and conftest.py's time-limit runs).
+def on_slurm(max_steps: int, *, nodes: int = 1, slurm_extra: str = "", save_steps: int = 5) -> str:
+    return lora_yaml(max_steps, extra=f"  save_steps: {save_steps}\n") + (
+        f"distributed:\n  strategy: {'ddp' if nodes > 1 else 'auto'}\n  nodes: {nodes}\n  num_processes: 1\n"
+        f"  slurm: {{time: '00:10:00'{slurm_extra}}}\n"
+    )
+
+
+# A notebook's callback that makes each step take 0.2 s, so a job of a one-minute limit trains a known while.
+SLOW = """
+import time
+from transformers import TrainerCallback
+
+
+class Slow(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.2)
+"""
+
+
+def slowed(text: str) -> tuple[str, dict[str, object]]:
+    """The run's config with the Slow callback, and the notebook namespace that defines it."""
+    ns: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(SLOW, "<notebook cell>", "exec"), ns)
+    return text + "hooks:\n  callbacks: [Slow]\n", ns

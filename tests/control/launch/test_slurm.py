@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,8 @@ import pytest
 import nbtrain
 from nbtrain.contract.rundir import latest_complete_checkpoint
 from nbtrain.control.launch import slurm
-from nbtrain.examples import write_dataset
-from tests.conftest import lora_yaml, runs_in
-from tests.slurmcluster import Cluster, missing
+from tests.conftest import lora_yaml
+from tests.slurmcluster import Cluster, missing, on_slurm, slowed
 
 pytestmark = pytest.mark.slow
 
@@ -29,13 +27,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def cluster(slurm_cluster: Cluster) -> Cluster:
     return slurm_cluster
-
-
-def on_slurm(max_steps: int, *, nodes: int = 1, slurm_extra: str = "", save_steps: int = 5) -> str:
-    return lora_yaml(max_steps, extra=f"  save_steps: {save_steps}\n") + (
-        f"distributed:\n  strategy: {'ddp' if nodes > 1 else 'auto'}\n  nodes: {nodes}\n  num_processes: 1\n"
-        f"  slurm: {{time: '00:10:00'{slurm_extra}}}\n"
-    )
 
 
 def job_of(run: nbtrain.Run) -> str:
@@ -195,25 +186,6 @@ def test_inside_an_allocation_the_run_starts_with_srun_on_its_nodes_instead_of_a
     assert cluster.jobs("debug") == []
 
 
-# A notebook's callback that makes each step take 0.2 s, so a job of a one-minute limit trains a known while.
-SLOW = """
-import time
-from transformers import TrainerCallback
-
-
-class Slow(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs):
-        time.sleep(0.2)
-"""
-
-
-def slowed(text: str) -> tuple[str, dict[str, object]]:
-    """The run's config with the Slow callback, and the notebook namespace that defines it."""
-    ns: dict[str, object] = {"__name__": "__main__"}
-    exec(compile(SLOW, "<notebook cell>", "exec"), ns)
-    return text + "hooks:\n  callbacks: [Slow]\n", ns
-
-
 def ends_within_30_s_of_its_job(run: nbtrain.Run, timeout: float) -> nbtrain.RunStatus:
     """The run's final state, read within 30 s of SLURM saying its job ended (the must-hold)."""
     until(lambda: slurm.query(job_of(run), fresh=True).ended, timeout, "the job ending")  # type: ignore[union-attr]
@@ -223,47 +195,10 @@ def ends_within_30_s_of_its_job(run: nbtrain.Run, timeout: float) -> nbtrain.Run
     return st  # type: ignore[no-any-return]
 
 
-TIME_LIMIT_TEST = "test_a_run_that_hits_its_time_limit_three_times_completes_with_requeue_auto"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def time_limited(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
-) -> Iterator[dict[str, nbtrain.Run] | None]:
-    """The time-limit test's two runs, started before this module's first test on partition ``long`` (its
-    own nodes): they spend minutes of SLURM's clock (one-minute limits, requeue waits) mostly asleep, so
-    they go on beside the other tests and are checked when their test comes. None where that test is not
-    selected; whatever is left running at the end is stopped."""
-    if not any(item.name == TIME_LIMIT_TEST for item in request.session.items):
-        yield None
-        return
-    cluster = request.getfixturevalue("slurm_cluster")
-    assert cluster is not None
-    work = tmp_path_factory.mktemp("time-limits")
-    (work / "tiny-llama").symlink_to(tiny_model)
-    write_dataset(work / "data" / "add.jsonl")
-    with runs_in(work):
-        # time: 1 minute (SLURM's least), stopped 20 s before it: ~30 s of 0.2 s steps per job, so 560
-        # steps take at least four jobs; each requeued job resumes from the checkpoint the last one
-        # stopped at.
-        long = "partition: long, time: '1'"
-        text, ns = slowed(on_slurm(560, save_steps=1000, slurm_extra=", signal_before: 20"))
-        run = nbtrain.finetune(text.replace("time: '00:10:00'", long), name="time-limits", namespace=ns)
-        # Meanwhile, on the other node, signal_before: 0 and requeue: never: SLURM itself ends a job at
-        # its limit.
-        text, ns = slowed(on_slurm(100000, slurm_extra=", signal_before: 0, requeue: never"))
-        timed_out = nbtrain.finetune(text.replace("time: '00:10:00'", long), name="timed-out", namespace=ns)
-    runs = {"run": run, "timed_out": timed_out}
-    yield runs
-    for r in runs.values():
-        if not r.status().done:
-            r.stop(timeout=60)
-
-
 def test_a_run_that_hits_its_time_limit_three_times_completes_with_requeue_auto(
-    cluster: Cluster, time_limited: dict[str, nbtrain.Run]
+    cluster: Cluster, slurm_time_limits: dict[str, nbtrain.Run]
 ) -> None:
-    run, timed_out = time_limited["run"], time_limited["timed_out"]
+    run, timed_out = slurm_time_limits["run"], slurm_time_limits["timed_out"]
     assert "watch" not in (timed_out.dir / "slurm.sbatch").read_text()
     st = ends_within_30_s_of_its_job(timed_out, 150)
     assert st.state == "stopped" and slurm.query(job_of(timed_out), fresh=True).state == "TIMEOUT"  # type: ignore[union-attr]
