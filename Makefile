@@ -53,9 +53,15 @@ deepspeed-ops: install
 	@setsid nohup nice -n 19 $(PY) -m tests.deepspeed_ops > $(VENV)/deepspeed-ops.out 2>&1 &
 
 # chromium and SLURM first: on a machine where they cannot be installed, stop before minutes of setup. The
-# type check (~70 s on 2 cores) runs beside the suite's first minutes rather than before them (its output
-# follows the suite's); make test fails if either does.
-test: chromium slurm llamacpp deepspeed-ops lint
+# extension's node half (npm ci, lint, unit tests: ~40 s) runs beside pip's install (~2 min), the type
+# check (~70 s on 2 cores) beside the suite's first minutes (the output of each follows); make test fails if
+# any does.
+test: chromium slurm
+	@$(MAKE) --no-print-directory $(LABEXT_CHECKED) > labextension/check.out 2>&1 & node=$$!; \
+	$(MAKE) --no-print-directory install; rc=$$?; \
+	wait $$node; nrc=$$?; echo "--- the extension's npm ci, lint and tests (beside the install):"; \
+	cat labextension/check.out; [ $$rc -eq 0 ] && [ $$nrc -eq 0 ]
+	@$(MAKE) --no-print-directory llamacpp deepspeed-ops lint
 	@$(MAKE) --no-print-directory typecheck > $(VENV)/typecheck.out 2>&1 & tc=$$!; \
 	$(MAKE) --no-print-directory pytest; rc=$$?; \
 	wait $$tc; trc=$$?; echo "--- make typecheck (beside the suite):"; cat $(VENV)/typecheck.out; \
@@ -77,7 +83,7 @@ faults: install
 
 clean:
 	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache test-output labextension/node_modules \
-		labextension/lib labextension/build-test nbtrain/labextension
+		labextension/lib labextension/build-test labextension/check.out nbtrain/labextension
 
 # The JupyterLab extension (TypeScript -> nbtrain/labextension, shipped in the wheel as shared-data):
 # ESLint + tsc type-check, node unit tests of its logic, then the build, through the top-level package.json
@@ -89,9 +95,16 @@ $(LABEXT_NODE): labextension/package-lock.json
 	cd labextension && npm ci --no-audit --no-fund
 	touch $@
 
+# The extension's node half (ESLint + tsc, its unit tests) needs no venv: `make test` runs it beside pip.
+LABEXT_CHECKED := labextension/node_modules/.checked
+$(LABEXT_CHECKED): $(LABEXT_NODE) $(wildcard labextension/src/* labextension/test/* labextension/*.json) \
+		labextension/eslint.config.mjs
+	npm run -s lint && npm test --silent
+	touch $@
+
 LABEXT_DEV := $(VENV)/share/jupyter/labextensions/nbtrain
-labext: install $(LABEXT_NODE)
-	npm run -s lint && npm test --silent && PATH="$(abspath $(VENV))/bin:$$PATH" npm run -s build
+labext: install $(LABEXT_CHECKED)
+	PATH="$(abspath $(VENV))/bin:$$PATH" npm run -s build
 	# Like `jupyter labextension develop`: the venv's JupyterLab loads this build, not a copy made at install.
 	rm -rf $(LABEXT_DEV) && ln -s $(abspath nbtrain/labextension) $(LABEXT_DEV)
 
