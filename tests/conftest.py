@@ -84,7 +84,7 @@ class Lab:
 # The labs that take minutes (a real SmolLM2 run each): started in the background once the browser and bench
 # tests are done (their timings want the machine to themselves), beside the tests that follow, which spend
 # most of their time waiting (SLURM's scheduler, process starts); a test that needs one waits for it then.
-PREFETCH = ("06_real_model", "07_agent")
+PREFETCH = ("06_real_model", "07_agent", "08_sweep")
 _LAB_RUNS: dict[str, tuple[subprocess.Popen[bytes], Path, Path]] = {}
 
 

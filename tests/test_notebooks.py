@@ -25,6 +25,7 @@ def test_the_labs_are_all_found() -> None:
         "05_vision_language.ipynb",
         "06_real_model.ipynb",
         "07_agent.ipynb",
+        "08_sweep.ipynb",
     } <= names
 
 

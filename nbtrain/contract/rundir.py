@@ -605,3 +605,18 @@ def rotate_checkpoints(paths: RunPaths, keep: int, *, also_keep: Path | None = N
             remove_checkpoint(d)
             gone.append(d)
     return gone
+
+
+def set_aside_metrics(paths: RunPaths, step: int, attempt: int) -> None:
+    """A resume from the checkpoint of ``step``: keep the metrics up to it; move the later ones (the lost
+    part of ``attempt``) to ``metrics.attempt<N>.jsonl``, marked, so no step is drawn twice."""
+    keep: list[dict[str, Any]] = []
+    later: list[dict[str, Any]] = []
+    for rec in read_jsonl(paths.metrics):
+        (later if rec.get("step", 0) > step else keep).append(rec)
+    if later:
+        with open(paths.root / f"metrics.attempt{attempt}.jsonl", "a", encoding="utf-8") as f:
+            for rec in later:
+                f.write(json.dumps({**rec, "superseded_by_resume_at": step}) + "\n")
+    header = json.dumps({"schema": METRICS_SCHEMA, "kind": "metrics"})
+    atomic_write_text(paths.metrics, "\n".join([header, *(json.dumps(r) for r in keep)]) + "\n")

@@ -7,7 +7,6 @@ start(prepared)   run directory + registry + detached worker -> Run
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import shutil
@@ -23,17 +22,16 @@ from nbtrain.contract import hooks, rewards
 from nbtrain.contract.errors import NbtrainError
 from nbtrain.contract.pickles import check_trusted, write_private
 from nbtrain.contract.rundir import (
-    METRICS_SCHEMA,
     RUN_LOCK_ENV,
     atomic_write_json,
-    atomic_write_text,
     lock_run,
     read_json,
     read_jsonl,
+    set_aside_metrics,
     write_status,
 )
 from nbtrain.control.config.preset import Queued, start_refusal
-from nbtrain.control.launch import slurm
+from nbtrain.control.launch import rayjobs, slurm
 from nbtrain.control.launch.process import LaunchFailed, read_launch, run_alive, spawn, worker_env
 from nbtrain.control.plan.distributed import (
     free_port,
@@ -101,6 +99,33 @@ def _submit_slurm(prep: Prepared, run: Run) -> Run:
     write_status(run.paths, "queued", slurm_job=job, slurm=None, slurm_restarts=0)
     print(f"submitted SLURM job {job} ({script})")
     return run
+
+
+def _submit_ray(prep: Prepared, run: Run, *, attempt: int = 1) -> Run:
+    """Submit the run as a Ray job (Ray's Jobs API); its submission id goes into status.json (``ray_job``),
+    and from then on the run's state is what Ray says of its job (control/launch/rayjobs.py). The job's
+    driver trains through Ray Train (nbtrain/worker/rayjob.py) and writes into this run directory, which
+    the cluster's nodes must reach (shared storage)."""
+    r = prep.resolved.config.distributed.ray
+    assert r is not None
+    if (note := slurm.storage_note(run.dir, prep.plan.world_size)) is not None:
+        print(note)
+    settings = r.model_dump()
+    try:
+        job = rayjobs.submit(run.paths, settings, run_id=run.id, attempt=attempt)
+    except rayjobs.RayUnavailable as e:
+        if attempt == 1:
+            discard_run(run)  # nothing started: nothing left behind (the error says why)
+        else:  # a resume Ray refused: the run stays as it was, resumable
+            write_status(run.paths, "stopped", note=f"resume not submitted: {e}", stop_reason="user")
+        raise NbtrainError(str(e)) from None
+    write_status(run.paths, "queued", ray_job=job, ray_address=r.address, ray=None)
+    print(f"submitted Ray job {job} to {r.address}")
+    return run
+
+
+def is_ray(prep: Prepared) -> bool:
+    return prep.resolved.config.distributed.ray is not None
 
 
 def allocation() -> tuple[str, int] | None:
@@ -198,6 +223,9 @@ def start(prep: Prepared) -> Run:
         write_launch_files(prep.plan, final, into=building)
 
     run = create_run_dir(prep.name, prep.resolved.text, prep.to_dict(), populate)
+    if is_ray(prep):
+        _LAST.append(run)
+        return _submit_ray(prep, run)
     if is_slurm(prep):
         if (inside := allocation()) is not None:
             return _start_in_allocation(prep, run, *inside)
@@ -250,6 +278,8 @@ def resume(ref: str | Path | Run) -> Run:
     _check_resumable(run)  # said first: a run that just ended may hold its lock a moment longer
     with writer_lock(run) as lock:  # held from here on: two resumes of one run cannot both go on
         prep = prepare_resume(run)
+        if is_ray(prep):
+            return _submit_ray(prep, run, attempt=int(run.resolved["resume"]["attempt"]))
         if is_slurm(prep):  # a new job, which goes on from the checkpoint
             if (inside := allocation()) is not None:
                 return _start_in_allocation(prep, run, *inside)
@@ -279,7 +309,7 @@ def prepare_resume(run: Run, *, job: str | None = None, restarts: int = 0) -> Pr
     # define them.
     prep = prepare(resolved["config"], name=run.name, capture_notebook=False)
     check_resumed(prep, resolved, run.paths.resolved)  # the train args the worker will use, too
-    _set_aside_metrics(run, step, attempt - 1)
+    set_aside_metrics(run.paths, step, attempt - 1)
     new_resolved = {**resolved, "resume": {"from": str(ckpt), "step": step, "attempt": attempt}}
     atomic_write_json(run.paths.resolved, new_resolved)
     write_launch_files(prep.plan, run.dir)
@@ -327,21 +357,6 @@ def _check_resumable(run: Run) -> None:
 def _run_processes_alive(run: Run) -> bool:
     info = read_launch(run.paths)
     return info is not None and run_alive(info)
-
-
-def _set_aside_metrics(run: Run, step: int, attempt: int) -> None:
-    """Keep metrics up to ``step``; move later ones (the lost part of the attempt) to their own file."""
-    keep: list[dict[str, Any]] = []
-    later: list[dict[str, Any]] = []
-    for rec in read_jsonl(run.paths.metrics):
-        (later if rec.get("step", 0) > step else keep).append(rec)
-    if later:
-        with open(run.dir / f"metrics.attempt{attempt}.jsonl", "a", encoding="utf-8") as f:
-            for rec in later:
-                f.write(json.dumps({**rec, "superseded_by_resume_at": step}) + "\n")
-    header = json.dumps({"schema": METRICS_SCHEMA, "kind": "metrics"})
-    text = "\n".join([header, *(json.dumps(r) for r in keep)]) + "\n"
-    atomic_write_text(run.paths.metrics, text)
 
 
 @dataclass

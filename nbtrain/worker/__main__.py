@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -83,7 +85,9 @@ def hold_run_lock(paths: RunPaths) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, passes: Callable[[BaseException], bool] | None = None) -> int:
+    """``passes``: a failure to raise as it is, without writing the run's failed state (Ray Train's workers:
+    a rank whose peer was lost fails in a collective, and Ray restarts the workers)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m nbtrain.worker RUN_DIR", file=sys.stderr)
@@ -109,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         stop.request(signal.Signals(signum).name)
 
     LogCap(paths.rank_log(rank)).start()
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    if threading.current_thread() is threading.main_thread():  # a Ray Train worker runs this in a thread:
+        signal.signal(signal.SIGTERM, on_signal)  # Ray stops it, and nbtrain through control/stop
+        signal.signal(signal.SIGINT, on_signal)
     if rank == 0:
         write_status(paths, "starting", pid=os.getpid())
     MemoryGuard(paths, rank).start()  # after "starting": a failure it writes is the last word
@@ -131,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         recipe.setup()
         outcome = recipe.train()
         recipe.cleanup()
-    except BaseException as e:  # noqa: BLE001 - every failure is recorded in status.json
+    except BaseException as e:
+        if passes is not None and passes(e):
+            raise
         tb = traceback.format_exc()
         hint = hidden_import_hint(e, hidden)
         if hint:

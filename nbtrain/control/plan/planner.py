@@ -83,7 +83,9 @@ def _strategy(res: Resolved, hw: Hardware, reasons: list[str]) -> tuple[str, int
         strategy = f"zero{stage}" if stage else "ddp"
         reasons.append(f"strategy {strategy}: from the DeepSpeed config given")
     n = d.num_processes
-    if n == "auto":
+    if d.ray is not None:
+        n = 1  # a Ray worker is one process; the workers are the run's nodes (plan/target.ray_target)
+    elif n == "auto":
         if strategy in ("auto", "none"):
             n = max(1, _devices(hw)) if strategy == "auto" else 1
         else:
@@ -187,14 +189,19 @@ def make_plan(res: Resolved, hw: Hardware) -> Plan:
             f"default 2e-05 suits full fine-tuning and moves an adapter little); train: learning_rate sets "
             f"your own"
         )
-    plan.launcher = _launcher(plan.strategy, d.launcher, world)
+    plan.launcher = "ray" if d.ray is not None else _launcher(plan.strategy, d.launcher, world)
     if plan.strategy == "fsdp":
         reasons.append(
             "strategy fsdp: FSDP2 (fully_shard) per decoder layer, weights read on rank 0 and sharded, "
             "sharded checkpoints" + (" (on CPU nbtrain turns it on: accelerate would run DDP)"
                                      if device == "cpu" else "")
         )  # fmt: skip
-    if plan.strategy != "none":
+    if d.ray is not None:
+        backend = "NCCL" if device == "cuda" else "gloo"
+        reasons.append(
+            f"launcher ray: a Ray job whose {world} worker(s) Ray Train starts (TorchTrainer, {backend})"
+        )
+    elif plan.strategy != "none":
         reasons.append(f"launcher {plan.launcher} (starts cold: the warm process forks one-process runs)")
     elif cfg.method == "qlora":
         # peft defines its 4/8-bit LoRA layers only if bitsandbytes imported with it, and importing

@@ -14,10 +14,11 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from nbtrain.control.config.problems import problems_error
 from nbtrain.control.config.schema import Resolved
-from nbtrain.control.launch import partition
+from nbtrain.control.launch import partition, rayjobs
 from nbtrain.hardware import Hardware
 from nbtrain.hardware import probe as probe_hardware
 from nbtrain.hardware.facts import installed_kernels
@@ -62,12 +63,89 @@ def where_to_plan(res: Resolved, hardware: Hardware | None, on: str | None) -> W
     if on is not None:
         return named_target(on)
     d = res.config.distributed
-    if d.slurm is not None and d.hostfile is None:
+    if (d.slurm is not None and d.hostfile is None) or d.ray is not None:
         try:
-            return partition_target(res)
+            return ray_target(res) if d.ray is not None else partition_target(res)
         except Unplannable as e:  # one config problem, at its key, like load_config's
             raise problems_error(res.text, [(e.key, str(e))]) from None
     return Where(probe_hardware(), "this machine", probed=True)
+
+
+def ray_target(res: Resolved) -> Where:
+    """One worker of the Ray run, as the planner sees a machine it probes: the resources each worker
+    reserves on the cluster's nodes (Ray's state API), its GPUs' card from the node's accelerator label (or
+    ``ray: gpu``), and the workers as the run's nodes (one process each)."""
+    r = res.config.distributed.ray
+    assert r is not None
+    try:
+        alive = rayjobs.nodes(r.address)
+    except rayjobs.RayUnavailable as e:
+        raise Unplannable(
+            ("distributed", "ray", "address"),
+            f"nbtrain cannot read the Ray cluster to plan the run for its nodes (it never plans a Ray run "
+            f"for this machine): {e}",
+        ) from None
+    if not alive:
+        raise Unplannable(
+            ("distributed", "ray", "address"), f"the Ray cluster at {r.address} has no node alive"
+        )
+    gpus = sum(n.resources.get("GPU", 0.0) for n in alive)
+    need = dict(r.resources_per_worker or ({"GPU": 1.0} if gpus else {"CPU": 1.0}))
+    holds = [n for n in alive if all(n.resources.get(k, 0.0) >= v for k, v in need.items())]
+    if not holds:
+        kinds = "; ".join(sorted({_ray_node_words(n) for n in alive}))
+        raise Unplannable(
+            ("distributed", "ray", "resources_per_worker"),
+            f"no node of the Ray cluster has what one worker asks ({_resources(need)}): its nodes have "
+            f"{kinds}; ask for less",
+        )
+    workers = r.num_workers if isinstance(r.num_workers, int) else int(gpus) if gpus else len(alive)
+    room = sum(min(int(n.resources.get(k, 0.0) // v) if v else 10**6 for k, v in need.items()) for n in holds)
+    node = min(holds, key=lambda n: (n.resources.get("GPU", 0.0), n.resources.get("memory", 0.0)))
+    hw = _ray_worker_hardware(r, node, need)
+    source = (
+        f"Ray cluster at {r.address}: {workers} worker(s) of {{{_resources(need)}}}, on "
+        f"{_ray_node_words(node)}"
+    )
+    if room < workers:
+        source += f" (room for {room} now: the job waits for the rest)"
+    return Where(hw, source, nodes=workers, local=False)
+
+
+def _resources(need: dict[str, float]) -> str:
+    return ", ".join(f"{k}: {v:g}" for k, v in need.items())
+
+
+def _ray_node_words(n: rayjobs.NodeFacts) -> str:
+    cpu, gpu, mem = n.resources.get("CPU", 0.0), n.resources.get("GPU", 0.0), n.resources.get("memory", 0.0)
+    gpus = f", {gpu:g} GPU(s)" + (f" ({n.labels[ACCEL]})" if n.labels.get(ACCEL) else "") if gpu else ""
+    return f"{cpu:g} CPU(s){gpus} and {mem / 2**30:.1f} GiB a node"
+
+
+ACCEL = "ray.io/accelerator-type"  # the label Ray gives a node from its GPUs (A100, H100, ...)
+
+
+def _ray_worker_hardware(r: Any, node: rayjobs.NodeFacts, need: dict[str, float]) -> Hardware:
+    cpus = max(1, int(need.get("CPU", 1.0)))
+    mem = int(node.resources.get("memory", 0.0)) or 0
+    try:
+        disk = shutil.disk_usage(Path.cwd()).free
+    except OSError:
+        disk = 0
+    n = int(need.get("GPU", 0.0))
+    if not n:
+        return Hardware(cpu_count=cpus, ram_total=mem, ram_available=mem, disk_free=disk)
+    named = r.gpu or node.labels.get(ACCEL)
+    if not named:
+        why = "the Ray cluster's GPU nodes do not say which card they have (no accelerator label)"
+        raise Unplannable(("distributed", "ray", "gpu"), f"{why}: name it with ray: gpu (e.g. A100-80GB)")
+    try:
+        c = card(named)
+    except ValueError as e:
+        why = f"the Ray nodes' GPUs are {named!r}: {e}"
+        raise Unplannable(("distributed", "ray", "gpu"), f"{why}; name the card with ray: gpu") from None
+    return replace(Target(f"{n}x{c.key}", 1, n, card=c).hardware(), cpu_count=cpus, ram_total=mem,
+                   ram_available=mem, disk_free=disk, kernels=installed_kernels())  # fmt: skip
 
 
 def partition_target(res: Resolved) -> Where:

@@ -74,6 +74,8 @@ class RunStatus:
     download: dict[str, Any] | None = None
     # A SLURM run's job as SLURM has it (control/launch/slurm.py): job, state, reason, start, nodes, words...
     slurm: dict[str, Any] | None = None
+    # A Ray run's job as Ray's Jobs API has it (control/launch/rayjobs.py): job, status, message, words...
+    ray: dict[str, Any] | None = None
     # The worker's step timing (the median of its last steps' wall seconds, when the last one ended), and
     # whether a stop was asked for and is not done yet: what a stop waits for and says.
     step_seconds: float | None = None
@@ -114,6 +116,8 @@ class RunStatus:
             return stopping
         if self.state == "queued" and self.slurm and self.slurm.get("words"):
             return str(self.slurm["words"])
+        if self.state == "queued" and (self.phase or (self.ray and self.ray.get("words"))):
+            return self.phase or str((self.ray or {})["words"])  # a Ray run: what its job waits for
         if self.state != "starting" or not self.phase:
             return None
         d = self.download or {}
@@ -233,6 +237,11 @@ class Run:
 
             if slurm.consult(raw):
                 raw = slurm.reconcile(self.paths, raw)
+        if raw.get("ray_job"):  # Ray's word on the job; its end if the driver wrote none
+            from nbtrain.control.launch import rayjobs
+
+            if rayjobs.consult(raw):
+                raw = rayjobs.reconcile(self.paths, raw)
         # status.json is read as it is found: a field of the wrong type (a hand edit, another tool) is
         # left out rather than crashing every view of the run
         error = raw.get("error")
@@ -248,6 +257,7 @@ class Run:
             phase=raw.get("phase") if isinstance(raw.get("phase"), str) else None,
             download=raw.get("download") if isinstance(raw.get("download"), dict) else None,
             slurm=raw.get("slurm") if isinstance(raw.get("slurm"), dict) else None,
+            ray=raw.get("ray") if isinstance(raw.get("ray"), dict) else None,
             step_seconds=_number(raw.get("step_seconds")),
             step_ended=_number(raw.get("step_ended")),
             steps_timed=_count(raw.get("steps_timed")) or 0,
@@ -362,9 +372,11 @@ class Run:
                 "timeout out to wait for the step",
                 stacklevel=2,
             )
-        job = self._read_status().get("slurm_job")
-        if job:
-            return self._stop_slurm(str(job), timeout, by)
+        raw = self._read_status()
+        if raw.get("slurm_job"):
+            return self._stop_slurm(str(raw["slurm_job"]), timeout, by)
+        if raw.get("ray_job"):
+            return self._stop_ray(str(raw["ray_job"]), str(raw.get("ray_address") or "auto"), timeout, by)
         info = process.read_launch(self.paths)
         request_control(self.paths, "stop", by=by)
         if info is None:
@@ -417,6 +429,31 @@ class Run:
             note = f"stop: SLURM job {job_id} cancelled after {timeout:g} s" + (
                 f" ({problem})" if problem else ""
             )
+            write_status(self.paths, "stopped", note=note, stop_reason=by)
+        return self.status()
+
+    def _stop_ray(self, job_id: str, address: str, timeout: float, by: str) -> RunStatus:
+        """A training Ray run stops gracefully (the control file its ranks read, a checkpoint); a job still
+        pending or waiting for its workers, or one that has not ended after ``timeout`` seconds, is stopped
+        through Ray's Jobs API."""
+        from nbtrain.control.launch import rayjobs
+
+        request_control(self.paths, "stop", by=by)
+        job = rayjobs.query(address, job_id, fresh=True)
+        training = self._read_status().get("state") in ("starting", "running", "stopping")
+        if job is not None and not job.pending and not job.ended and training:  # else: nothing to checkpoint
+            with contextlib.suppress(TimeoutError):
+                return follow(self.status, timeout=timeout, interval=0.5, what=f"run {self.id}")
+        problem = rayjobs.stop(address, job_id)
+
+        def job_ended(st: RunStatus) -> bool:
+            job = rayjobs.query(address, job_id, fresh=True)
+            return st.done or job is None or job.ended
+
+        with contextlib.suppress(TimeoutError):
+            follow(self.status, ended=job_ended, timeout=60, interval=0.5, what=f"Ray job {job_id}")
+        if self._read_status().get("state") in ACTIVE_STATES:
+            note = f"stop: Ray job {job_id} stopped through Ray" + (f" ({problem})" if problem else "")
             write_status(self.paths, "stopped", note=note, stop_reason=by)
         return self.status()
 

@@ -55,12 +55,13 @@ def check_distributed(cfg: RunConfig, facts: Facts, probs: Problems) -> dict[str
         )
     if d.launcher == "deepspeed" and d.strategy in ("fsdp",):
         probs.add((*where, "launcher"), "fsdp runs under accelerate or torchrun, not the deepspeed launcher")
-    if d.nodes > 1 and d.hostfile is None and d.slurm is None:
+    if d.nodes > 1 and d.hostfile is None and d.slurm is None and d.ray is None:
         probs.add(
             (*where, "nodes"),
             f"nodes: {d.nodes} needs hostfile: PATH (one 'host slots=N' line per "
             f"node) or slurm: {{partition: ...}}",
         )
+    check_ray(cfg, probs)
     if d.hostfile is not None:
         hf = facts.resolved(d.hostfile)
         if not facts.is_file(hf):
@@ -105,6 +106,30 @@ def check_distributed(cfg: RunConfig, facts: Facts, probs: Problems) -> dict[str
                         f"stage {stage}; make them agree or use strategy: auto",
                     )
     return user_ds
+
+
+def check_ray(cfg: RunConfig, probs: Problems) -> None:
+    """ray: is an engine of its own: Ray places the workers, so what places processes elsewhere is refused
+    beside it, naming what to keep."""
+    d, where = cfg.distributed, ("distributed",)
+    if d.ray is None:
+        return
+    for key, given in (("slurm", d.slurm is not None), ("hostfile", d.hostfile is not None)):
+        if given:
+            probs.add((*where, key), f"{key}: and ray: are two ways to place the run; keep one")
+    if d.nodes > 1:
+        probs.add((*where, "nodes"), "with ray:, Ray places the workers: set ray: num_workers, not nodes")
+    if isinstance(d.num_processes, int) and d.num_processes > 1:
+        probs.add((*where, "num_processes"), "with ray:, each worker is one process: set ray: num_workers "
+                                             "instead of num_processes")  # fmt: skip
+    if d.launcher not in ("auto",):
+        probs.add((*where, "launcher"), f"with ray:, Ray Train starts the workers: leave launcher: auto, "
+                                        f"not {d.launcher}")  # fmt: skip
+    if d.strategy not in ("auto", "ddp", "none"):
+        probs.add((*where, "strategy"), f"strategy: {d.strategy} is not offered on Ray yet: Ray Train's "
+                                        "workers train with DDP here (strategy: ddp or auto)")  # fmt: skip
+    if d.offload != "none":
+        probs.add((*where, "offload"), "offload needs DeepSpeed, which nbtrain does not run on Ray yet")
 
 
 def check_nvme(cfg: RunConfig, facts: Facts, probs: Problems) -> None:

@@ -415,6 +415,99 @@ class SlurmSettings(Strict):
         return v
 
 
+_RAY_ADDRESS = re.compile(r"^(auto|(ray|https?)://[^\s/]+(:\d+)?/?|[A-Za-z0-9.\-\[\]:]+:\d+)\Z")
+
+
+class RaySettings(Strict):
+    """``distributed: ray:``: the run is a Ray job on a Ray cluster (its workers through Ray Train)."""
+
+    address: str = Field(
+        description=(
+            "The Ray cluster: auto (this machine is in it: the head node, a KubeRay pod), its dashboard "
+            "(http://HOST:8265), or a Ray Client address (ray://HOST:10001)."
+        ),
+        examples=["http://head:8265", "auto"],
+    )
+    num_workers: Literal["auto"] | int = Field(
+        "auto",
+        description=(
+            "Training workers (one process each, data parallel): auto gives one per GPU of the cluster, "
+            "or one per node without GPUs."
+        ),
+        examples=[2, "auto"],
+    )
+    resources_per_worker: dict[str, float] | None = Field(
+        None,
+        description=(
+            "What each worker reserves, in Ray's resource names (left out: 1 GPU on a cluster with GPUs, "
+            "else 1 CPU)."
+        ),
+        examples=[{"CPU": 8, "GPU": 1}],
+    )
+    runtime_env: dict[str, Any] | None = Field(
+        None,
+        description="Ray's runtime environment for the job (env_vars, pip, working_dir...), as Ray takes it.",
+        examples=[{"env_vars": {"HF_HOME": "/shared/hf"}}],
+    )
+    max_failures: int = Field(
+        3,
+        ge=-1,
+        description=(
+            "Worker failures (a lost node, a killed worker) survived by restarting the workers from the "
+            "last checkpoint; -1: no limit, 0: the first fails the run."
+        ),
+    )
+    gpu: str | None = Field(
+        None,
+        description=(
+            "The card the cluster's GPU nodes have, when their accelerator label does not say it (A100 is 40 "
+            "or 80 GB): the plan's memory per GPU is this card's."
+        ),
+        examples=["A100-80GB"],
+    )
+    python: str | None = Field(
+        None,
+        description=(
+            "The Python that runs the job on the cluster (left out: this kernel's own, for a cluster "
+            "that shares this environment; 'python' for the cluster's default)."
+        ),
+        examples=["python", "/opt/venv/bin/python"],
+    )
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_card(cls, v: str | None) -> str | None:
+        if v is not None:
+            card(v)
+        return v
+
+    @field_validator("address")
+    @classmethod
+    def _address_ok(cls, v: str) -> str:
+        if not _RAY_ADDRESS.match(v.strip()):
+            raise ValueError(
+                f"{v!r} is not a Ray address: give auto, the dashboard's http://HOST:8265, or ray://HOST:10001"
+            )
+        return v.strip()
+
+    @field_validator("num_workers")
+    @classmethod
+    def _some_workers(cls, v: Any) -> Any:
+        if isinstance(v, int) and not 1 <= v <= 4096:
+            raise ValueError("num_workers is 'auto' or a number of workers from 1 to 4096")
+        return v
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _resources_ok(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for name, amount in (v or {}).items():
+            if not name or any(c.isspace() for c in name):
+                raise ValueError(f"{name!r} is not a Ray resource name (CPU, GPU, memory, or a custom one)")
+            if not 0 <= amount < 1e15:
+                raise ValueError(f"resources_per_worker: {name}: {amount} is not an amount (0 or more)")
+        return v
+
+
 def python_name(v: str) -> str:
     if not v.isidentifier():
         raise ValueError(f"{v!r} is not a Python name; hooks: names a function or class of the notebook")
@@ -498,6 +591,11 @@ class DistributedSettings(Strict):
         None,
         description="Submit the run as an sbatch job (one node or several), with these settings.",
         examples=[{"partition": "gpu", "time": "06:00:00", "gpus_per_node": 4}],
+    )
+    ray: RaySettings | None = Field(
+        None,
+        description="Run on a Ray cluster: a Ray job whose workers train through Ray Train.",
+        examples=[{"address": "http://head:8265", "num_workers": 4}],
     )
     deepspeed_config: str | None = Field(
         None,
