@@ -57,12 +57,17 @@ class RayCluster:
 
         ray_constants.ENABLE_RAY_CLUSTER = False  # read at import: this process may have imported Ray before
 
-        port = _free_port()
-        try:
-            self._start(Cluster, port)
-        except BaseException:
-            self.stop()  # what did start (a head without its workers) goes
-            raise
+        for attempt in (1, 2):  # Ray gives a node 30 s to register: on a loaded machine, once more
+            port = _free_port()
+            try:
+                self._start(Cluster, port)
+                return self
+            except Exception:
+                self.stop()  # what did start (a head without its workers) goes
+                if attempt == 2:
+                    raise
+                self.tmp.mkdir(parents=True, exist_ok=True)
+                self.nodes = []
         return self
 
     def _start(self, cluster: Any, port: int) -> None:

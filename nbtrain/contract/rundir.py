@@ -620,3 +620,12 @@ def set_aside_metrics(paths: RunPaths, step: int, attempt: int) -> None:
                 f.write(json.dumps({**rec, "superseded_by_resume_at": step}) + "\n")
     header = json.dumps({"schema": METRICS_SCHEMA, "kind": "metrics"})
     atomic_write_text(paths.metrics, "\n".join([header, *(json.dumps(r) for r in keep)]) + "\n")
+
+
+def reread_status(paths: RunPaths, raw: dict[str, Any]) -> dict[str, Any]:
+    """status.json read again (an engine's job ended: its worker may have written the final state since
+    ``raw`` was read), else ``raw``."""
+    try:
+        return read_json(paths.status)
+    except (FileNotFoundError, ValueError):
+        return raw

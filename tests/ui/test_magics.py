@@ -20,7 +20,7 @@ HEAVY = f"import sys; print(sorted(m for m in {_HEAVY_MODULES} if m in sys.modul
 def test_load_ext_imports_no_torch_or_bitsandbytes(workdir: Path) -> None:
     # Nor the charts' library, the config schema's (pydantic, YAML) or the metrics reader's (numpy): they
     # load with the first chart or verb, which keeps the extension's load under 0.3 s (19 ms measured).
-    later = "('plotly', 'pydantic', 'yaml', 'numpy')"
+    later = "('plotly', 'pydantic', 'yaml', 'numpy', 'ray', 'gguf', 'llama_cpp')"  # ray: for a Ray run only
     nb = execute(
         ["%load_ext nbtrain", HEAVY, f"import sys; print(sorted(m for m in {later} if m in sys.modules))"],
         workdir,

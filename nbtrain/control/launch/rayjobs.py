@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from nbtrain.contract.rundir import ACTIVE_STATES, RunPaths, read_json, tail_text, write_status
+from nbtrain.contract.rundir import ACTIVE_STATES, RunPaths, reread_status, tail_text, write_status
 
 CACHE_S = 2.0  # one Jobs API call per job per this many seconds, however often the status is read
 DOWN_CACHE_S = 15.0  # after the cluster did not answer, how long status reads say so without asking again
@@ -206,10 +206,7 @@ def reconcile(paths: RunPaths, raw: dict[str, Any]) -> dict[str, Any]:
         if raw.get("state") == "queued" and not raw.get("phase"):
             shown["words"] = f"Ray job {job_id} running: its driver is starting the workers"
         return {**raw, "ray": shown}
-    try:
-        now = read_json(paths.status)  # the driver may have written the final state meanwhile
-    except (FileNotFoundError, ValueError):
-        now = raw
+    now = reread_status(paths, raw)  # the driver may have written the final state meanwhile
     if now.get("state") not in ACTIVE_STATES:
         return {**now, "ray": job.shown()}
     return ended(paths, address, job)

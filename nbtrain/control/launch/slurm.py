@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtrain.contract.rundir import ACTIVE_STATES, RunPaths, read_json, tail_text, write_status
+from nbtrain.contract.rundir import ACTIVE_STATES, RunPaths, reread_status, tail_text, write_status
 
 PENDING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED")
 RUNNING_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "RESIZING", "STAGE_OUT", "SIGNALING", "STOPPED")
@@ -252,10 +252,7 @@ def reconcile(paths: RunPaths, raw: dict[str, Any]) -> dict[str, Any]:
         job = Job(job_id, "UNKNOWN", "slurmctld no longer knows the job and there is no accounting to ask")
     elif not job.ended:
         return {**raw, "slurm": job.shown()}
-    try:
-        now = read_json(paths.status)  # the worker may have written its final state meanwhile
-    except (FileNotFoundError, ValueError):
-        now = raw
+    now = reread_status(paths, raw)  # the worker may have written its final state meanwhile
     if now.get("state") not in ACTIVE_STATES:
         return {**now, "slurm": job.shown()}
     return ended(paths, job, now)
