@@ -17,6 +17,7 @@ import nbtrain
 from nbtrain.control.launch import rayjobs
 from tests.conftest import lora_yaml
 from tests.raycluster import RayCluster, missing
+from tests.slurmcluster import slowed
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,9 @@ def test_a_two_worker_run_goes_through_rays_states_survives_a_lost_node_and_comp
     from ray.util.state import list_actors
 
     try:
-        run = nbtrain.finetune(on_ray(ray_cluster.address, 40, save_steps=4), name="ray-ddp")
+        # 0.2 s steps (a notebook callback): an idle machine trains 40 tiny steps between two polls otherwise
+        text, ns = slowed(on_ray(ray_cluster.address, 40, save_steps=4))
+        run = nbtrain.finetune(text, name="ray-ddp", namespace=ns)
         assert any("Ray cluster at" in r and "2 worker(s)" in r for r in run.resolved["plan"]["reasons"])
         seen: list[str] = []
         killed = False
