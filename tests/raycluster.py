@@ -103,6 +103,18 @@ class RayCluster:
                     raise
                 time.sleep(0.5)
 
+    def restore(self, workers: int = 2) -> None:
+        """Back to ``workers`` worker nodes after a test killed some, Ray's state API listing exactly those
+        alive (it lists a killed node as alive until the GCS has missed its health checks)."""
+        from nbtrain.control.launch import rayjobs
+
+        while len(self.nodes) < workers:
+            self.nodes.append(self.add_worker())
+        deadline = time.monotonic() + 90
+        while len(alive := rayjobs.nodes(self.address)) != 1 + workers:
+            assert time.monotonic() < deadline, f"Ray lists {len(alive)} nodes alive, not {1 + workers}"
+            time.sleep(0.5)
+
     def kill_worker(self, node: Any) -> None:
         """A worker node lost: its raylet and every process of it killed at once."""
         self.cluster.remove_node(node, allow_graceful=False)

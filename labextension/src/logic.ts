@@ -188,8 +188,13 @@ export function chipState(state: string, stopping: boolean): string {
   return stopping && (state === 'running' || state === 'stopping') ? 'stopping' : state;
 }
 
+/** A count with thousands separators, as the dashboard writes it ("step 1,401/100,000"). */
+export function count(n: number): string {
+  return n.toLocaleString('en-US');
+}
+
 export function stepsText(step: number, maxSteps: number | null): string {
-  return maxSteps ? `step ${step}/${maxSteps}` : `step ${step}`;
+  return maxSteps ? `step ${count(step)}/${count(maxSteps)}` : `step ${count(step)}`;
 }
 
 /**

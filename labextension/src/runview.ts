@@ -9,7 +9,7 @@
 // Dashboard button does).
 import { IRunInfo } from './api';
 import { ENDED_POLL_MS, FollowedRun, headHTML, POLL_MS, RunFollower } from './follow';
-import { progressFraction, stepsText } from './logic';
+import { count, progressFraction, stepsText } from './logic';
 import { RunFigure } from './runfigure';
 
 export const RUN_VIEW_MIME = 'application/vnd.nbtrain.run-view+json';
@@ -150,7 +150,7 @@ export class RunView extends FollowedRun {
       | undefined;
     const drawn = plot?.layout?.meta?.nbtrain_step;
     const step = this._watch?.step ?? (typeof drawn === 'number' ? drawn : d?.step);
-    return step === undefined ? 'live view lost' : `live view lost at step ${step}`;
+    return step === undefined ? 'live view lost' : `live view lost at step ${count(step)}`;
   }
 
   /** Re-attach: a new cell below, showing the run live (index.ts runs it); says so, or why it could not. */

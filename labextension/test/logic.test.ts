@@ -111,6 +111,7 @@ test('progress is clamped and unknown lengths read as 0', () => {
   assert.equal(progressFraction(5, null), 0);
   assert.equal(stepsText(5, 10), 'step 5/10');
   assert.equal(stepsText(5, null), 'step 5');
+  assert.equal(stepsText(1401, 100000), 'step 1,401/100,000'); // the dashboard's separators
 });
 
 test("a run's line adds the server's time left and first loss, leaving out what it did not send", () => {

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from nbtrain.contract.raywork import worker_resources
 from nbtrain.contract.rundir import (
     ACTIVE_STATES,
     RunPaths,
@@ -30,13 +31,6 @@ from nbtrain.contract.rundir import (
 )
 
 STORAGE = "ray-train"  # Ray Train's own files (not "ray": a folder of that name on the path shadows Ray)
-
-
-def resources_per_worker(ray_cfg: dict[str, Any], device: str) -> dict[str, float]:
-    given = ray_cfg.get("resources_per_worker")
-    if given:
-        return {str(k): float(v) for k, v in given.items()}
-    return {"GPU": 1.0} if device == "cuda" else {"CPU": 1.0}
 
 
 _PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/transport", "NCCL communicator",
@@ -157,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ray_cfg = resolved["config"]["distributed"]["ray"]
     plan = resolved["plan"]
     workers = int(plan["nodes"]) * int(plan["num_processes"])
-    need = resources_per_worker(ray_cfg, plan["device"])
+    need = worker_resources(ray_cfg.get("resources_per_worker"), gpu=plan["device"] == "cuda")
 
     # Ray Train sends each worker's print() through its logger too: nbtrain's rank logs get every line
     # twice, and the output libraries capture (dill disassembles functions into a captured stdout to hash
@@ -204,14 +198,36 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _failure_words(e: BaseException) -> str:
-    """Which workers failed, where and why (Ray Train's WorkerGroupError lists them by rank)."""
+    """Which workers failed, where and why (Ray Train's WorkerGroupError lists them by rank): a worker
+    whose actor died is named with its node, and the node's fate where Ray knows it (a lost node)."""
     failures = getattr(e, "worker_failures", None) or getattr(getattr(e, "__cause__", None),
                                                               "worker_failures", None)  # fmt: skip
     if isinstance(failures, dict) and failures:
-        parts = [f"rank {rank}: {type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
-                 for rank, err in sorted(failures.items())]  # fmt: skip
+        parts = [f"rank {rank}: {_worker_words(err)}" for rank, err in sorted(failures.items())]
         return f"Ray Train's workers failed (FailureConfig's max_failures used up): {'; '.join(parts)}"
     return f"Ray Train failed: {type(e).__name__}: {e}"
+
+
+def _worker_words(err: BaseException) -> str:
+    err = getattr(err, "health_check_failure", None) or err  # Ray Train's health check found the actor dead
+    first = str(err).splitlines()[0][:300] if str(err) else ""
+    actor = getattr(err, "actor_id", None)
+    if not actor:  # an error the training raised: its own words
+        lost = "lost its connection to the other ranks: " if peer_lost(err) else ""
+        return f"{lost}{type(err).__name__}: {first}"
+    try:
+        from ray.util.state import get_actor, get_node
+
+        state = get_actor(actor, timeout=10)
+        node = get_node(state.node_id, timeout=10) if state is not None and state.node_id else None
+    except Exception:  # noqa: BLE001 - the state API is best effort here: the error's own words stand
+        node = None
+    if node is None:
+        return f"its worker died ({type(err).__name__}: {first})"
+    where = f"its worker died on node {node.node_id} at {node.node_ip}"
+    if node.state != "DEAD":  # Ray has not marked the node yet (it may be the worker's process alone)
+        return f"{where} ({type(err).__name__})"
+    return f"{where}, which died" + (f" ({node.state_message})" if node.state_message else "")
 
 
 if __name__ == "__main__":

@@ -112,3 +112,45 @@ def test_launch_starts_the_sweep_shows_its_view_and_stop_stops_it(
     assert p.settle(240)
     assert s.status().state == "stopped", s.status().describe()
     assert f"sweep {s.id}: stopped" in p.status_message, p.status_message
+
+
+@pytest.mark.slow
+def test_a_sweep_that_ends_by_itself_disables_stop_and_says_how_it_ended(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    p = make_panel(lora_yaml(2))
+    p.fields["train.learning_rate"].value = "1e-3, 2e-3"
+    p.fields["sweep.metric"].value = "loss"
+    p.launch_button.click()
+    s = p.run_area.sweep
+    assert s is not None and not p.stop_button.disabled, (p.general_errors, p.status_message)
+    deadline = time.monotonic() + 180
+    while not (p.stop_button.disabled and f"sweep {s.id}: completed" in p.status_message):
+        assert time.monotonic() < deadline, (s.status().describe(), p.status_message)
+        time.sleep(0.2)
+    assert s.status().state == "completed"
+
+
+def test_the_plan_before_launch_says_the_sweeps_trials_how_many_at_once_and_why(
+    workdir: Path, make_panel: type[ConfigPanel]
+) -> None:
+    p = make_panel(lora_yaml(20))
+    p.fields["train.learning_rate"].value = "1e-4, 1e-3"
+    p.fields["lora.r"].value = "4, 8"
+    p.fields["sweep.metric"].value = "loss"
+    assert p.settle(60)
+    sweep_line, each, batch = p.plan_text[:3]
+    assert sweep_line.startswith(
+        "Sweep: 4 trials (grid over train.learning_rate, lora.r; loss, lower is better), "
+    ), p.plan_text
+    assert " at once (limited by " in sweep_line and "GiB each" in sweep_line, sweep_line
+    assert each.startswith("Each trial: lora sft on cpu"), p.plan_text
+    assert batch.endswith("learning rate swept"), p.plan_text
+    # the base config's planned learning rate is never trained: the warnings are the trials' (each end of the
+    # space under-trains at 20 steps)
+    (warning,) = [w for w in p.plan_text if w.startswith("Warning: ")]
+    assert "0.0002 x 20" not in warning and "0.0001 x 20" in warning, warning
+    assert warning.endswith("(at learning_rate=0.0001 r=4; the space's other ends warn so too)"), warning
+    p.fields["train.max_steps"].value = "2000"  # at 1e-4 it trains enough, at 1e-3 too: no warning
+    assert p.settle(60)
+    assert not [w for w in p.plan_text if w.startswith("Warning: ")], p.plan_text

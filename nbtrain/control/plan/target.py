@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from nbtrain.contract.raywork import room, worker_resources
 from nbtrain.control.config.problems import problems_error
 from nbtrain.control.config.schema import Resolved
 from nbtrain.control.launch import partition, rayjobs
@@ -90,8 +91,8 @@ def ray_target(res: Resolved) -> Where:
             ("distributed", "ray", "address"), f"the Ray cluster at {r.address} has no node alive"
         )
     gpus = sum(n.resources.get("GPU", 0.0) for n in alive)
-    need = dict(r.resources_per_worker or ({"GPU": 1.0} if gpus else {"CPU": 1.0}))
-    holds = [n for n in alive if all(n.resources.get(k, 0.0) >= v for k, v in need.items())]
+    need = worker_resources(r.resources_per_worker, gpu=gpus > 0)
+    holds = [n for n in alive if room([n.resources], need)]
     if not holds:
         kinds = "; ".join(sorted({_ray_node_words(n) for n in alive}))
         raise Unplannable(
@@ -100,15 +101,15 @@ def ray_target(res: Resolved) -> Where:
             f"{kinds}; ask for less",
         )
     workers = r.num_workers if isinstance(r.num_workers, int) else int(gpus) if gpus else len(alive)
-    room = sum(min(int(n.resources.get(k, 0.0) // v) if v else 10**6 for k, v in need.items()) for n in holds)
+    free = room([n.resources for n in holds], need)
     node = min(holds, key=lambda n: (n.resources.get("GPU", 0.0), n.resources.get("memory", 0.0)))
     hw = _ray_worker_hardware(r, node, need)
     source = (
         f"Ray cluster at {r.address}: {workers} worker(s) of {{{_resources(need)}}}, on "
         f"{_ray_node_words(node)}"
     )
-    if room < workers:
-        source += f" (room for {room} now: the job waits for the rest)"
+    if free < workers:
+        source += f" (room for {free} now: the job waits for the rest)"
     return Where(hw, source, nodes=workers, local=False)
 
 

@@ -132,7 +132,7 @@ class RunStatus:
         phase = self.phase_text()
         if phase is not None:
             return f"{self.state}: {phase}"
-        prog = f"step {self.step}/{self.max_steps}" if self.max_steps else f"step {self.step}"
+        prog = f"step {self.step:,}/{self.max_steps:,}" if self.max_steps else f"step {self.step:,}"
         s = f"{self.state} ({prog})"
         if self.error:
             s += f": {self.error.get('type', 'error')}: {self.error.get('message', '')}"

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nbtrain.contract.raywork import room, worker_resources
+from nbtrain.control.launch import rayjobs
 from nbtrain.control.prepare import Prepared
-from nbtrain.control.start import is_slurm
+from nbtrain.control.start import is_ray, is_slurm
 
 GIB = 1 << 30
 # What a training process holds besides the estimate's parts: Python, torch, transformers, TRL and the
@@ -23,6 +25,7 @@ class Capacity:
     at_once: int
     threads: int | None  # torch threads a trial (CPU trials), None: the run's own choice
     why: str
+    here: bool = True  # the trials train on this machine (not as SLURM or Ray jobs): they start warm
 
 
 def capacity(prep: Prepared, budget: int, asked: int | str = "auto") -> Capacity:
@@ -40,7 +43,9 @@ def capacity(prep: Prepared, budget: int, asked: int | str = "auto") -> Capacity
         why = f"{n} at once: each trial is a SLURM job{where}, queued by SLURM"
         if caps and n == min(caps):
             why += f" (the course allows {min(caps)} of a student's runs on the cluster at once)"
-        return Capacity(n, None, why)
+        return Capacity(n, None, why, here=False)
+    if is_ray(prep):
+        return _on_ray(prep, budget, asked)
     if plan.device != "cpu":
         n = asked if isinstance(asked, int) else 1
         gpus = len(plan.gpus) or 1
@@ -66,3 +71,27 @@ def capacity(prep: Prepared, budget: int, asked: int | str = "auto") -> Capacity
     if isinstance(asked, int) and n * need > hw.ram_available * RAM_SHARE:
         why += f" (more than the {RAM_SHARE:.0%} of it trials may take: they may run out of memory)"
     return Capacity(n, threads, why)
+
+
+def _on_ray(prep: Prepared, budget: int, asked: int | str) -> Capacity:
+    """Each trial is a Ray job: as many at once as the cluster's nodes have room for their workers now (at
+    least one; Ray queues a job whose workers do not fit yet), or the number asked."""
+    r = prep.resolved.config.distributed.ray
+    assert r is not None
+    workers = prep.plan.nodes * prep.plan.num_processes
+    if isinstance(asked, int):
+        why = f"{asked} at once as asked: each trial is a Ray job at {r.address}"
+        return Capacity(asked, None, why, here=False)
+    need = worker_resources(r.resources_per_worker, gpu=prep.plan.device == "cuda")
+    try:
+        free = room([n.resources for n in rayjobs.nodes(r.address)], need)
+    except rayjobs.RayUnavailable:
+        free = workers  # planned a moment ago: the cluster answered then
+    n = max(1, min(budget, free // workers))
+    each = ", ".join(f"{k}: {v:g}" for k, v in need.items())
+    plural = "s" if workers > 1 else ""
+    why = (
+        f"{n} at once: each trial is a Ray job of {workers} worker{plural} ({each} each); "
+        f"the cluster at {r.address} has room for {free} such worker{'s' if free != 1 else ''}"
+    )
+    return Capacity(n, None, why, here=False)

@@ -348,6 +348,8 @@ class Driver:
     def warm_up(self, wait: float = 30.0) -> None:
         """More trials than run at once: have the warm process ready before the first ones start, so every
         trial is forked from it (one import of the training stack for the sweep, not one a trial)."""
+        if not self.spec.get("trials_here", True):
+            return  # each trial is a SLURM or Ray job: none is forked here
         if self.budget - self.started() <= 1 or not process.start_warm():
             return  # one trial left, or one is running already (or warm starts are off)
         deadline = time.monotonic() + wait

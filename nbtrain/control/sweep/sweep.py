@@ -75,6 +75,36 @@ def budget_of(s: SweepSettings) -> int:
     return s.trials
 
 
+def trials_plan(prep: Prepared) -> tuple[str, list[str]]:
+    """The sweep ``prep`` would start, as the panel's plan says it before Launch: one line (its trials, how
+    they are chosen and judged, how many run at once and why), and the warnings that hold for its trials
+    (those of every corner of the space: the base config's own values of swept keys are never trained),
+    a corner that would not start among them."""
+    s = prep.resolved.config.sweep
+    assert s is not None
+    budget = budget_of(s)
+    cap = capacity(prep, budget, s.at_once)
+    judged = f"{s.metric}, {'higher' if s.goal == 'maximize' else 'lower'} is better"
+    pruned = f", pruned by the {s.prune}" if s.prune != "none" else ""
+    line = (
+        f"Sweep: {budget} trial{'s' if budget != 1 else ''} ({s.method} over {', '.join(s.space)}; {judged}"
+        f"{pruned}), {cap.why}"
+    )
+    base, refused = _base(prep), []
+    common: dict[str, str] | None = None  # by a warning's head ("likely to under-train"): its first words
+    corners = space.corners(s.space)
+    for params in corners:
+        try:
+            warned = prepare(space.apply(base, params), name=f"{prep.name}-t000", capture_notebook=False)
+        except ConfigError as e:
+            refused.append(f"a trial at {space.describe(params)} would not start: {e}")
+            continue
+        said = {w.split(":")[0]: f"{w} (at {space.describe(params)}" for w in warned.plan.warnings}
+        common = said if common is None else {k: v for k, v in common.items() if k in said}
+    also = "; the space's other ends warn so too)" if len(corners) > 1 else ")"
+    return line, refused + [w + also for w in (common or {}).values()]
+
+
 def check_space(base: dict[str, Any], s: SweepSettings, name: str) -> None:
     """Every choice and each range's ends make a config that validates and plans, or the sweep does not
     start: one ConfigError naming the values that do not."""
@@ -134,6 +164,7 @@ def start_sweep(
                 "at_once": cap.at_once,
                 "at_once_why": cap.why,
                 "threads": cap.threads,
+                "trials_here": cap.here,
                 "max_steps": prep.plan.steps,
                 "cwd": str(Path.cwd()),
                 "runs_root": str(runs_root()),

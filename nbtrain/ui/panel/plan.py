@@ -44,17 +44,25 @@ def plan_lines(prep: Prepared) -> list[str]:
         length = f"{steps} steps"
     else:  # the epochs, and the steps they make over the data where it can be counted (plan/length.py)
         length = f"{plan.steps} steps ({epochs})" if plan.steps else epochs
-    lr = arg("learning_rate")
+    swept = cfg.sweep.space if cfg.sweep is not None else {}
+    lr = "swept" if "train.learning_rate" in swept else _number(arg("learning_rate"))
     where = f"{_count(plan.nodes, 'node')} x " if plan.nodes > 1 else ""
     procs = _count(plan.num_processes, "process")
     strategy = f", {plan.strategy}" if plan.strategy != "none" else ""
     first = plan.reasons[0] if plan.reasons else ""
     made_for = [first[0].upper() + first[1:]] if first.startswith("planned for ") else []
+    warnings = plan.warnings
+    if cfg.sweep is not None:
+        from nbtrain.control.sweep.sweep import trials_plan
+
+        line, warnings = trials_plan(prep)
+        made_for.append(line)
+    head = "Each trial" if cfg.sweep is not None else "Plan"
     lines = [
         *made_for,
-        f"Plan: {plan.method} {cfg.objective} on {plan.device}, {where}{procs}, {plan.precision}{strategy}",
+        f"{head}: {plan.method} {cfg.objective} on {plan.device}, {where}{procs}, {plan.precision}{strategy}",
         f"Batch {micro} x {accum} accumulation x {_count(plan.world_size, 'process')}, {length}, "
-        f"learning rate {_number(lr)}",
+        f"learning rate {lr}",
     ]
     lines.append(_time_line(prep, steps if isinstance(steps, int) and steps > 0 else plan.steps))
     est = plan.estimate
@@ -68,7 +76,7 @@ def plan_lines(prep: Prepared) -> list[str]:
         lines.append(f"Memory: {used}: {'fits' if plan.fits else plan.fit_advice}")
     else:
         lines.append("Memory: no estimate (the model's config.json is not on this machine yet)")
-    return lines + [f"Warning: {w}" for w in plan.warnings]
+    return lines + [f"Warning: {w}" for w in warnings]
 
 
 def placeholders(keys: list[str], prep: Prepared | None, cfg: Mapping[str, Any]) -> dict[str, str]:

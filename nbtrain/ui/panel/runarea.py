@@ -86,7 +86,7 @@ class RunArea:
         view.show(into=OutputWidget(out))
         self.sweep_view = view
         self.live.children = (out,)
-        self.stop_button.disabled = False
+        self._follow_until_done(s)
 
     def show(self, run: Run) -> None:
         """Show ``run``'s dashboard (the one a ``%%finetune`` cell shows) under the form, kept current by
@@ -106,26 +106,36 @@ class RunArea:
         self.view = view
         self.live.children = (view.box,) if view.box is not None else ()
         view.start()
+        self._follow_until_done(run)
+
+    def _follow_until_done(self, shown: Run | Sweep) -> None:
+        """Stop enabled while ``shown`` (the run or sweep launched here) is active, watched off the kernel
+        thread until it ends."""
         self.stop_button.disabled = False
         stop = threading.Event()
         self._watch_stop = stop
         threading.Thread(
-            target=self._watch, args=(run, stop), name=f"nbtrain-panel-watch-{run.id}", daemon=True
+            target=self._watch, args=(shown, stop), name=f"nbtrain-panel-watch-{shown.id}", daemon=True
         ).start()
 
-    def _watch(self, run: Run, stop: threading.Event) -> None:
-        """Until ``run`` ends: then Stop is disabled and the status line says how it ended."""
+    def _watch(self, shown: Run | Sweep, stop: threading.Event) -> None:
+        """Until ``shown`` ends: then Stop is disabled and the status line says how it ended (and a run's
+        export form comes)."""
+        from nbtrain.control.runs.run import Run
+
+        what = f"{'run' if isinstance(shown, Run) else 'sweep'} {shown.id}"
         try:
-            st = follow(run.status, interval=0.5, stop=stop, what=f"run {run.id}")
+            st = follow(shown.status, interval=0.5, stop=stop, what=what)
         except FollowStopped:
             return
         except Exception:  # noqa: BLE001 - a background thread has no cell: show it in the panel
-            self._report(f"following run {run.id} failed:\n{traceback.format_exc()}", None)
+            self._report(f"following {what} failed:\n{traceback.format_exc()}", None)
             return
-        if self.run is run:
+        if shown is self.run or shown is self.sweep:
             self.stop_button.disabled = True
-            self._say(f"run {run.id}: {st.describe()}")
-            self.offer_export(run)
+            self._say(f"{what}: {st.describe()}")
+            if isinstance(shown, Run):
+                self.offer_export(shown)
 
     def offer_export(self, run: Run) -> None:
         """The export form of ``run`` under its dashboard, once it has something to export."""

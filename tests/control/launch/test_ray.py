@@ -15,7 +15,7 @@ import pytest
 
 import nbtrain
 from nbtrain.control.launch import rayjobs
-from tests.conftest import lora_yaml
+from tests.conftest import lora_yaml, sweep_yaml
 from tests.raycluster import RayCluster, missing
 from tests.slurmcluster import slowed
 
@@ -93,8 +93,60 @@ def test_a_two_worker_run_goes_through_rays_states_survives_a_lost_node_and_comp
         assert loss.tail(3).mean() < loss.head(3).mean()
         assert (run.dir / "logs" / "rank0.log").exists() and (run.dir / "logs" / "rank1.log").exists()
     finally:
-        if len(ray_cluster.nodes) < 2:  # the next tests get their cluster back
-            ray_cluster.nodes.append(ray_cluster.add_worker())
+        ray_cluster.restore()  # the next tests get their cluster back
+
+
+def test_with_its_failures_used_up_a_lost_node_fails_the_run_naming_the_node(
+    ray_cluster: RayCluster, workdir: Path
+) -> None:
+    from ray.util.state import list_actors
+
+    try:
+        text, ns = slowed(on_ray(ray_cluster.address, 40, extra=", max_failures: 0"))
+        run = nbtrain.finetune(text, name="ray-no-retries", namespace=ns)
+        deadline = time.monotonic() + 300
+        killed = None
+        while not (st := run.status()).done:
+            assert time.monotonic() < deadline, st
+            if st.step >= 3 and killed is None:
+                alive = [("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
+                on = {a.node_id for a in list_actors(address=ray_cluster.address, filters=alive)}
+                killed = next(n for n in ray_cluster.nodes if n.node_id in on)
+                ray_cluster.kill_worker(killed)
+            time.sleep(0.3)
+        assert killed is not None and st.state == "failed", st
+        assert st.error is not None, st
+        message = st.error["message"]
+        assert "max_failures used up" in message, message
+        assert f"its worker died on node {killed.node_id} at 127.0.0.1" in message, message
+    finally:
+        ray_cluster.restore()
+
+
+def test_a_sweep_on_ray_runs_each_trial_as_a_ray_job_as_many_at_once_as_the_cluster_holds(
+    ray_cluster: RayCluster, workdir: Path
+) -> None:
+    from nbtrain.control.sweep.sweep import start_sweep
+
+    ray = f"distributed:\n  ray: {{address: '{ray_cluster.address}', num_workers: 1}}\n"
+    s = start_sweep(ray + sweep_yaml("[3.0e-3, 1.0e-3]", 6).replace("  at_once: 1\n", ""))
+    assert s.why == (
+        f"2 at once: each trial is a Ray job of 1 worker (CPU: 1 each); the cluster at {ray_cluster.address} "
+        "has room for 3 such workers"
+    )
+    most = 0
+    deadline = time.monotonic() + 300
+    while not (st := s.status()).done:
+        most = max(most, sum(t["state"] in ("queued", "running") for t in st.trials))
+        assert time.monotonic() < deadline, st.describe()
+        time.sleep(0.5)
+    assert st.state == "completed" and [t["state"] for t in st.trials] == ["completed", "completed"], (
+        st.describe(),
+        s.paths.log.read_text()[-2000:],
+    )
+    jobs = {json.loads(Path(t["run_dir"], "status.json").read_text())["ray_job"] for t in st.trials}
+    assert len(jobs) == 2 and most == 2  # a Ray job each, side by side
+    assert "warm process" not in s.paths.log.read_text()  # no trial is forked here: none waited for one
 
 
 def test_a_job_that_fails_before_training_reads_failed_with_rays_words_within_30_s(
