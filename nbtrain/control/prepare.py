@@ -75,6 +75,7 @@ class Prepared:
     # which sweep and trial it is ({id, dir, trial}: views group the trial's run under its sweep)
     threads: int | None = None
     sweep: dict[str, Any] | None = None
+    on: str | None = None  # the named hardware it was planned for (``prepare(on=...)``), None: where it runs
 
     @property
     def name(self) -> str:
@@ -251,7 +252,7 @@ def prepare(
         raise ConfigError(_one_each(problems, len(loaded)))
     assert planned is not None  # a stage that gave nothing has said why in ``problems``
     plan, hw, args, src = planned
-    return Prepared(res, plan, hw, args, rewards=payload, hooks=hook_payload, preset=preset, gguf=src)
+    return Prepared(res, plan, hw, args, rewards=payload, hooks=hook_payload, preset=preset, gguf=src, on=on)
 
 
 def _one_each(problems: list[Problem], first: int) -> list[Problem]:

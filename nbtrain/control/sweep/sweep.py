@@ -95,7 +95,8 @@ def trials_plan(prep: Prepared) -> tuple[str, list[str]]:
     corners = space.corners(s.space)
     for params in corners:
         try:
-            warned = prepare(space.apply(base, params), name=f"{prep.name}-t000", capture_notebook=False)
+            cfg = space.apply(base, params)
+            warned = prepare(cfg, name=f"{prep.name}-t000", capture_notebook=False, on=prep.on)
         except ConfigError as e:
             refused.append(f"a trial at {space.describe(params)} would not start: {e}")
             continue
