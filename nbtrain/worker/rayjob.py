@@ -95,6 +95,22 @@ def train_loop(config: dict[str, Any]) -> None:
     if code == 3:
         raise RuntimeError(f"rank {rank}: {paths.root} is being trained by another process")
     # a failed rank wrote status failed (rank 0) or its log: not retried (restart_point says "end")
+    if code != 0 and rank == 0:
+        _name_the_node(paths)
+
+
+def _name_the_node(paths: RunPaths) -> None:
+    """The run's failure, as rank 0 wrote it, with the Ray node it trained on (a cluster's run fails on one
+    of many machines: its logs and its hardware are there)."""
+    import ray
+
+    raw = read_json(paths.status)
+    error = raw.get("error")
+    if raw.get("state") != "failed" or not isinstance(error, dict) or "node" in error:
+        return
+    node = f"{ray.get_runtime_context().get_node_id()} at {ray.util.get_node_ip_address()}"
+    message = f"{error.get('message', '')} (rank 0, on Ray node {node})"
+    write_status(paths, "failed", error={**error, "message": message, "node": node})
 
 
 def _waiting_words(need: dict[str, float], workers: int) -> str:

@@ -5,6 +5,7 @@ they do locally, and a lost worker node is survived."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -123,13 +124,31 @@ def test_with_its_failures_used_up_a_lost_node_fails_the_run_naming_the_node(
         ray_cluster.restore()
 
 
-def test_a_sweep_on_ray_runs_each_trial_as_a_ray_job_as_many_at_once_as_the_cluster_holds(
+# A notebook's callback that fails a trial whose learning rate is too high, once it has trained two steps.
+BOOM = """
+from transformers import TrainerCallback
+
+
+class Boom(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.learning_rate > 2e-3 and state.global_step >= 2:
+            raise RuntimeError("the loss would explode at this learning rate")
+"""
+
+
+def test_a_sweep_on_ray_runs_each_trial_as_a_ray_job_and_a_failed_one_names_its_node(
     ray_cluster: RayCluster, workdir: Path
 ) -> None:
+    """As many trials at once as the cluster holds, each a Ray job; a trial whose training fails is recorded
+    with its error and the Ray node it trained on, and the sweep goes on."""
     from nbtrain.control.sweep.sweep import start_sweep
 
+    ns: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(BOOM, "<notebook cell>", "exec"), ns)
     ray = f"distributed:\n  ray: {{address: '{ray_cluster.address}', num_workers: 1}}\n"
-    s = start_sweep(ray + sweep_yaml("[3.0e-3, 1.0e-3]", 6).replace("  at_once: 1\n", ""))
+    grid = sweep_yaml("[3.0e-3, 1.0e-3]", 6).replace("  at_once: 1\n", "")
+    text = ray + grid + "hooks:\n  callbacks: [Boom]\n"
+    s = start_sweep(text, namespace=ns)
     assert s.why == (
         f"2 at once: each trial is a Ray job of 1 worker (CPU: 1 each); the cluster at {ray_cluster.address} "
         "has room for 3 such workers"
@@ -140,10 +159,15 @@ def test_a_sweep_on_ray_runs_each_trial_as_a_ray_job_as_many_at_once_as_the_clus
         most = max(most, sum(t["state"] in ("queued", "running") for t in st.trials))
         assert time.monotonic() < deadline, st.describe()
         time.sleep(0.5)
-    assert st.state == "completed" and [t["state"] for t in st.trials] == ["completed", "completed"], (
+    assert st.state == "completed" and [t["state"] for t in st.trials] == ["failed", "completed"], (
         st.describe(),
         s.paths.log.read_text()[-2000:],
     )
+    reason = st.trials[0]["reason"]
+    assert "the loss would explode at this learning rate" in reason, reason
+    nodes = {n.id for n in rayjobs.nodes(ray_cluster.address)}
+    assert re.search(r"\(rank 0, on Ray node (\w+) at 127\.0\.0\.1\)", reason), reason
+    assert re.search(r"on Ray node (\w+)", reason).group(1) in nodes, reason  # type: ignore[union-attr]
     jobs = {json.loads(Path(t["run_dir"], "status.json").read_text())["ray_job"] for t in st.trials}
     assert len(jobs) == 2 and most == 2  # a Ray job each, side by side
     assert "warm process" not in s.paths.log.read_text()  # no trial is forked here: none waited for one
@@ -177,13 +201,19 @@ def test_a_runtime_env_ray_refuses_is_said_at_start_and_leaves_no_run(ray_cluste
 def test_ray_job_stop_from_outside_reads_stopped_by_ray_and_resume_goes_on(
     ray_cluster, workdir: Path
 ) -> None:
+    from nbtrain.contract.rundir import latest_complete_checkpoint
+
     run = nbtrain.finetune(
-        on_ray(ray_cluster.address, 100000, workers=1, save_steps=3), name="stopped-outside"
+        on_ray(ray_cluster.address, 100000, workers=1, save_steps=100000), name="stopped-outside"
     )
     deadline = time.monotonic() + 300
     while run.status().step < 7:
         assert time.monotonic() < deadline and not run.status().done, run.failure_report(run.status())
         time.sleep(0.5)
+    run.checkpoint()  # checkpoint now, as on this machine: the rank reads the request in the run directory
+    while (saved := latest_complete_checkpoint(run.paths)) is None:
+        assert time.monotonic() < deadline and not run.status().done, run.failure_report(run.status())
+        time.sleep(0.2)
     ray_cli = Path(sys.executable).with_name("ray")
     out = subprocess.run([str(ray_cli), "job", "stop", "--address", ray_cluster.address, job_of(run)],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -193,6 +223,14 @@ def test_ray_job_stop_from_outside_reads_stopped_by_ray_and_resume_goes_on(
         assert time.monotonic() - t < 30, st
         time.sleep(0.5)
     assert st.state == "stopped" and st.stop_reason == "ray-job-stop", st
+    # a new process (a restarted kernel, the sidebar's server) reads the same from the run directory and Ray
+    probe = (
+        "import json, sys; from nbtrain.ui.server.handlers import run_status; "
+        "print(json.dumps(run_status(sys.argv[1])))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, run.id], capture_output=True, text=True, timeout=120)
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert (seen["state"], seen["step"], seen["resumable"]) == ("stopped", st.step, True), seen
     stopped_at = st.step
     resumed = nbtrain.resume(run)
     while resumed.status().step <= stopped_at + 2:
@@ -204,6 +242,7 @@ def test_ray_job_stop_from_outside_reads_stopped_by_ray_and_resume_goes_on(
     assert final.state == "stopped" and final.stop_reason == "user"
     steps = run.metrics()["step"].tolist()
     assert steps == sorted(steps) and len(steps) == len(set(steps)), steps  # the curve goes on, none twice
+    assert resumed.resolved["resume"]["from"] == str(saved)  # it went on from the checkpoint asked for
 
 
 def test_a_run_waiting_for_the_clusters_resources_says_what_for_and_stops_at_once(
