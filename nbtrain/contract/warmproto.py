@@ -56,11 +56,13 @@ _KEY_NAMES = (
     "LD_LIBRARY_PATH", "LD_PRELOAD", "NBTRAIN_LEAN_IMPORTS", "TMPDIR",
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KMP_AFFINITY", "GOMP_CPU_AFFINITY",
 )  # fmt: skip
-# The modules a warm process may become: the training worker (one process; launchers stay cold), the model
-# server and the one-off jobs (the eval job imports scipy itself for lm-eval's metrics). The kernel asks only
-# for these; the warm process checks again and answers "cold" otherwise.
+# The modules a warm process may become: the training worker (one process), the ranks of a one-node
+# multi-process run (nbtrain.worker.ranks forks them from the warm child; torchrun, deepspeed's and
+# accelerate's launchers stay cold), the model server and the one-off jobs (the eval job imports scipy
+# itself for lm-eval's metrics). The kernel asks only for these; the warm process checks again and answers
+# "cold" otherwise.
 SERVED = frozenset({
-    "nbtrain.worker", "nbtrain.worker.serve.server", "nbtrain.worker.serve.generate",
+    "nbtrain.worker", "nbtrain.worker.ranks", "nbtrain.worker.serve.server", "nbtrain.worker.serve.generate",
     "nbtrain.worker.jobs.export", "nbtrain.worker.jobs.preview", "nbtrain.worker.jobs.score",
     "nbtrain.worker.jobs.evaluate",
 })  # fmt: skip

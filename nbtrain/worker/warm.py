@@ -102,6 +102,12 @@ def preload() -> list[str]:
     os.environ["JE_ARROW_MALLOC_CONF"] = "background_thread:false"
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     hide_packages(list(WHY_HIDDEN))  # as the lean rules leave them out of a typical run
+    return import_stack()
+
+
+def import_stack() -> list[str]:
+    """Import what a typical run imports (the packages hidden before stay out); returns what could not be
+    imported. Also what the ranks' launcher (``nbtrain.worker.ranks``) imports once, before it forks them."""
     failed = []
     for name in PRELOAD + tuple(f"transformers.models.{f}.modeling_{f}" for f in FAMILIES):
         try:

@@ -364,12 +364,13 @@ def test_plan_for_named_hardware_shows_its_plan_and_turns_launch_off(
         start.screenshot(path=str(shots / "panel-plan-for.png"))
         panel.screenshot(path=str(shots / "panel-plan-for-whole.png"))
         # two learning rates: a sweep, its trials planned for the same hardware, one at a time on its GPUs
-        lr = "//label[normalize-space()='Learning rate']/ancestor::div[contains(@class,'widget-hbox')][1]//input"
+        lr = "//label[normalize-space()='Learning rate']/ancestor::div[contains(@class,'widget-hbox')][1]"
+        lr += "//input"
         panel.locator(lr).fill("1e-4, 1e-3")
         panel.locator(lr).press("Tab")
         expect(plan).to_contain_text(
-            "Sweep: 2 trials (grid over train.learning_rate; eval_loss, lower is better), 1 at once: each trial "
-            "plans for 8 CUDA devices",
+            "Sweep: 2 trials (grid over train.learning_rate; eval_loss, lower is better), 1 at once: each "
+            "trial plans for 8 CUDA devices",
             timeout=30_000,
         )
         expect(plan).to_contain_text("Each trial: lora sft on cuda, 8 processes, bf16")

@@ -171,6 +171,10 @@ def node_argv(
     n, py = plan.num_processes, sys.executable
     if plan.launcher == "direct":
         return [py, *worker_module_args(run_dir)]
+    if plan.launcher == "torchrun" and plan.nodes == 1:
+        # torchrun's agent, its ranks forked from one process (nbtrain/worker/ranks.py), served warm
+        return [py, "-m", "nbtrain.worker.ranks", f"--nproc-per-node={n}", f"--master-addr={master_addr}",
+                f"--master-port={port}", str(run_dir)]  # fmt: skip
     if plan.launcher == "torchrun":
         return [
             py, "-m", "torch.distributed.run",

@@ -40,10 +40,10 @@ def plan_of(text: str, gpus: int = 0) -> nbtrain.Prepared:
         ("strategy: auto", 0, ("none", 1, "direct")),
         ("strategy: auto", 4, ("ddp", 4, "torchrun")),
         ("strategy: ddp", 0, ("ddp", 2, "torchrun")),
-        ("strategy: zero2", 0, ("zero2", 2, "deepspeed")),
-        ("strategy: zero3\nnum_processes: 3", 8, ("zero3", 3, "deepspeed")),
-        ("strategy: auto\noffload: optimizer", 2, ("zero2", 2, "deepspeed")),
-        ("strategy: auto\noffload: optimizer+params", 2, ("zero3", 2, "deepspeed")),
+        ("strategy: zero2", 0, ("zero2", 2, "torchrun")),
+        ("strategy: zero3\nnum_processes: 3", 8, ("zero3", 3, "torchrun")),
+        ("strategy: auto\noffload: optimizer", 2, ("zero2", 2, "torchrun")),
+        ("strategy: auto\noffload: optimizer+params", 2, ("zero3", 2, "torchrun")),
         ("strategy: zero2\nlauncher: accelerate", 0, ("zero2", 2, "accelerate")),
     ],
 )
@@ -124,7 +124,8 @@ def test_launcher_commands_use_sys_executable_and_loopback(workdir: Path, tmp_pa
     for launcher, must in (
         (
             "torchrun",
-            ["torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1", "--master-port=1234"],
+            # one node: torchrun's agent with its ranks forked from one process (nbtrain/worker/ranks.py)
+            ["nbtrain.worker.ranks", "--nproc-per-node=2", "--master-addr=127.0.0.1", "--master-port=1234"],
         ),
         ("deepspeed", ["deepspeed.launcher.runner", "--num_gpus", "--no_local_rank", "--module"]),
         ("accelerate", ["accelerate.commands.launch", "--config_file", "--main_process_port"]),
@@ -134,10 +135,15 @@ def test_launcher_commands_use_sys_executable_and_loopback(workdir: Path, tmp_pa
         assert argv[0] == sys.executable
         for m in must:
             assert m in argv, (launcher, argv)
-        assert argv[-3:] == ["-m", "nbtrain.worker", str(run_dir)] or argv[-2:] == [
-            "nbtrain.worker",
-            str(run_dir),
-        ]
+        assert (
+            argv[-3:] == ["-m", "nbtrain.worker", str(run_dir)]
+            or argv[-2:]
+            == [
+                "nbtrain.worker",
+                str(run_dir),
+            ]
+            or (argv[1:3] == ["-m", "nbtrain.worker.ranks"] and argv[-1] == str(run_dir))
+        )
 
 
 def test_accelerate_config_kinds(workdir: Path, tmp_path: Path) -> None:
@@ -181,7 +187,7 @@ def test_free_ports_differ_and_are_bindable() -> None:
 
 def test_dry_run_shows_strategy_and_deepspeed_json(workdir: Path) -> None:
     text = plan_of(dist("strategy: zero3")).summary()
-    assert "strategy zero3" in text and "launcher deepspeed" in text and "deepspeed.json:" in text
+    assert "strategy zero3" in text and "launcher torchrun's agent" in text and "deepspeed.json:" in text
 
 
 def test_fsdp_settings_travel_in_the_training_args_and_the_accelerate_config(workdir: Path) -> None:

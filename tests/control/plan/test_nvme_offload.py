@@ -72,7 +72,7 @@ def test_offload_nvme_writes_zero_infinity_into_the_deepspeed_json(workdir: Path
     (workdir / "swap").mkdir()
     prep = prepare(nvme_yaml("  offload: nvme\n  nvme_path: swap\n  num_processes: 2\n"))
     plan, ds = prep.plan, prep.plan.deepspeed
-    assert (plan.strategy, plan.offload, plan.launcher) == ("zero3", "nvme", "deepspeed")  # auto -> zero3
+    assert (plan.strategy, plan.offload, plan.launcher) == ("zero3", "nvme", "torchrun")  # auto -> zero3
     assert ds is not None
     zero, swap = ds["zero_optimization"], str(workdir / "swap")
     largest = count_parameters(
