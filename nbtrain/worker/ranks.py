@@ -46,6 +46,23 @@ def _rank(run_dir: str) -> int:
     return 0
 
 
+def _import_once(paths: RunPaths) -> None:
+    """The training stack, as the warm process imports it, unless the run uses bitsandbytes (QLoRA):
+    importing it initialises CUDA, after which no rank could be forked onto a GPU (each imports its own)."""
+    from nbtrain.worker.lean import hide_unused_packages, unused_packages
+    from nbtrain.worker.warm import import_stack
+
+    try:
+        resolved = read_json(paths.resolved)
+    except (OSError, ValueError):
+        return  # the ranks read resolved.json themselves and say what is wrong with it
+    if "bitsandbytes" not in unused_packages(resolved):
+        return
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() without CUDA
+    hide_unused_packages(resolved)
+    import_stack()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nbtrain.worker.ranks")
     ap.add_argument("--nproc-per-node", type=int, required=True)
@@ -55,13 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     run_dir = str(Path(args.run_dir).resolve())
     if "transformers" not in sys.modules:  # started cold: the stack once, here, for every rank
-        from nbtrain.worker.lean import hide_unused_packages
-        from nbtrain.worker.warm import import_stack
-
-        # (an unreadable resolved.json: the ranks read it themselves and say what is wrong with it)
-        with contextlib.suppress(OSError, ValueError):
-            hide_unused_packages(read_json(RunPaths(Path(run_dir)).resolved))
-        import_stack()
+        _import_once(RunPaths(Path(run_dir)))
     n = args.nproc_per_node
     if n > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks a node
