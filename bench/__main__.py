@@ -145,6 +145,16 @@ def _warm_jobs(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     return [(f"job start, warm vs cold ({d['model']} model, call to result)", text, "")]
 
 
+def _ranks(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    m, r = d["median_s"], d["ratios"]
+    text = (f"DDP: forked warm {m['ddp forked warm']:.1f} s, cold {m['ddp forked cold']:.1f} s vs torchrun's "
+            f"command {m['ddp torchrun command']:.1f} s (**{_x(r['ddp_forked_warm_over_torchrun'])}**, cold "
+            f"{_x(r['ddp_forked_cold_over_torchrun'])}); ZeRO-2: forked warm {m['zero2 forked warm']:.1f} s "
+            f"vs DeepSpeed's launcher {m['zero2 deepspeed launcher']:.1f} s "
+            f"({_x(r['zero2_forked_warm_over_deepspeed'])})")  # fmt: skip
+    return [("two-rank run start to end (tiny model, 6 steps), ranks forked vs new interpreters", text, "")]
+
+
 def _msswift(d: dict[str, Any]) -> list[tuple[str, str, str]]:
     m, v = d["median"], d["vs_msswift"]
     sw = m["msswift"]
@@ -245,7 +255,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], list[tuple[str, str, str]]]] = {
     "overhead": _overhead, "llamafactory": _llamafactory, "latency": _latency, "estimator": _estimator,
     "scaling": _scaling, "tail": _tail, "crash": _crash, "packing": _packing, "gpu": _gpu, "gpu_run1": _gpu,
     "warm_jobs": _warm_jobs, "msswift": _msswift, "gguf": _gguf, "serving": _serving, "sweep": _sweep,
-    "threads": _threads,
+    "threads": _threads, "ranks": _ranks,
 }  # fmt: skip
 
 
