@@ -178,7 +178,7 @@ class Cluster:
             "JobAcctGatherParams=OverMemoryKill",
             "JobAcctGatherFrequency=task=1",
             "AccountingStorageType=accounting_storage/none",
-            "MinJobAge=600",
+            "MinJobAge=3600",  # the session's jobs stay known to scontrol while later tests read them
             "KillWait=10",
             "SlurmctldTimeout=30",
             "SlurmdTimeout=30",

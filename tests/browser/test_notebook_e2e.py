@@ -33,7 +33,7 @@ LOSS_POINTS_JS = """() => Math.max(0, ...[...document.querySelectorAll('.js-plot
 # Whether the sidebar's card of run `id` shows a step past `at`.
 STEP_PAST_JS = """([id, at]) => {
     const s = document.querySelector(`.nbtrain-run[data-run-id='${id}'] .nbtrain-steps`);
-    return !!s && Number((s.textContent.match(/step (\\d+)/) || [])[1]) > at;
+    return !!s && Number(((s.textContent.match(/step ([\\d,]+)/) || [])[1] || '').replace(/,/g, '')) > at;
 }"""
 
 
@@ -144,7 +144,7 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         page.locator('.jp-SideBar [data-id="nbtrain-runs"]').click()
         row = page.locator(".nbtrain-run", has=page.locator(".nbtrain-run-name", has_text="e2e"))
         expect(row.locator(".nbtrain-state")).to_have_text("running", timeout=30_000)
-        expect(row.locator(".nbtrain-steps")).to_have_text(re.compile(r"step \d+/100000"))
+        expect(row.locator(".nbtrain-steps")).to_have_text(re.compile(r"step [\d,]+/100,000"))
         expect(row.locator(".nbtrain-loss")).to_have_text(re.compile(r"loss \d+\.\d{4}"))
         page.wait_for_function(
             "() => (document.querySelector('.nbtrain-run .nbtrain-spark path')"
@@ -211,7 +211,7 @@ def test_finetune_cell_dashboard_sidebar_stop_resume_and_attach_after_restart(
         expect(row.locator(".nbtrain-state")).to_have_text("stopped", timeout=120_000)
         expect(row).not_to_contain_text("Stopping")
         expect(page.locator(".nbtrain-status")).to_have_text("nbtrain: 0 active runs", timeout=10_000)
-        stopped_at = int(re.findall(r"\d+", row.locator(".nbtrain-steps").inner_text())[0])
+        stopped_at = step_in(row.locator(".nbtrain-steps").inner_text())
         page.screenshot(path=str(shots / "stopped.png"))
 
         # Resume from the sidebar continues the run from its checkpoint, in the same run directory.
