@@ -187,7 +187,8 @@ def record_mismatch(rec: Mapping[str, Any]) -> str | None:
 def _record_line(rec: Mapping[str, Any]) -> str:
     fm = rec.get("final_metrics") or {}
     parts = [
-        f"{rec['state']} at step {rec['step']}" + (f"/{rec['max_steps']}" if rec.get("max_steps") else "")
+        f"{rec['state']} at step {int(rec.get('step') or 0):,}"
+        + (f"/{int(rec['max_steps']):,}" if rec.get("max_steps") else "")
     ]
     for key in ("loss", "eval_loss"):
         if key in fm:
