@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,35 +90,42 @@ def trials_plan(prep: Prepared) -> tuple[str, list[str]]:
         f"Sweep: {budget} trial{'s' if budget != 1 else ''} ({s.method} over {', '.join(s.space)}; {judged}"
         f"{pruned}), {cap.why}"
     )
-    base, refused = _base(prep), []
+    refused: list[str] = []
     common: dict[str, str] | None = None  # by a warning's head ("likely to under-train"): its first words
-    corners = space.corners(s.space)
-    for params in corners:
-        try:
-            cfg = space.apply(base, params)
-            warned = prepare(cfg, name=f"{prep.name}-t000", capture_notebook=False, on=prep.on)
-        except ConfigError as e:
-            refused.append(f"a trial at {space.describe(params)} would not start: {e}")
+    corners = 0
+    for params, warned in _corners(_base(prep), s, f"{prep.name}-t000", on=prep.on):
+        corners += 1
+        if isinstance(warned, NbtrainError):
+            refused.append(f"a trial at {space.describe(params)} would not start: {warned}")
             continue
         said = {w.split(":")[0]: f"{w} (at {space.describe(params)}" for w in warned.plan.warnings}
         common = said if common is None else {k: v for k, v in common.items() if k in said}
-    also = "; the space's other ends warn so too)" if len(corners) > 1 else ")"
+    also = "; the space's other ends warn so too)" if corners > 1 else ")"
     return line, refused + [w + also for w in (common or {}).values()]
+
+
+def _corners(
+    base: dict[str, Any], s: SweepSettings, name: str, *, on: str | None = None
+) -> Iterator[tuple[dict[str, Any], Prepared | NbtrainError]]:
+    """Each config that stands for the space (``space.corners``), prepared, or why it could not be."""
+    for params in space.corners(s.space):
+        try:
+            yield params, prepare(space.apply(base, params), name=name, capture_notebook=False, on=on)
+        except NbtrainError as e:  # ConfigError among them
+            yield params, e
 
 
 def check_space(base: dict[str, Any], s: SweepSettings, name: str) -> None:
     """Every choice and each range's ends make a config that validates and plans, or the sweep does not
     start: one ConfigError naming the values that do not."""
     problems: list[Problem] = []
-    for params in space.corners(s.space):
-        try:
-            prepare(space.apply(base, params), name=name, capture_notebook=False)
-        except ConfigError as e:
+    for params, e in _corners(base, s, name):
+        if isinstance(e, ConfigError):
             where = ", ".join(f"{k}={v}" for k, v in params.items())
             problems += [
                 Problem(p.path or "sweep.space", f"a trial with {where}: {p.message}") for p in e.problems
             ]
-        except NbtrainError as e:
+        elif isinstance(e, NbtrainError):
             problems.append(Problem("sweep.space", str(e)))
         if problems:
             break  # the first corner that fails says enough
